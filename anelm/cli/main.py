@@ -1,0 +1,82 @@
+"""`anelm <subcommand>`: each subcommand is a module here with `add_args(p)` and `run(args) -> int`.
+
+Bad input is one line on stderr, `anelm: error: ...`, exit 2 for usage and 1 otherwise;
+`ANELM_DEBUG=1` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from ..errors import AnelmError, UsageError
+
+# subcommand -> (module, one-line help); the order is the order of `anelm --help`.
+SUBCOMMANDS = {
+    "compile": ("compile", "compile transformer kernels to kernel folders (MIL + BLOBFILE weights)"),
+    "run-mil": ("run_mil", "execute a kernel folder (model.mil + weights/) on a device"),
+    "train": ("train", "train a Llama-family model (forward + dx on the device, the rest on the CPU)"),
+    "export": ("export", "export a training run as a Hugging Face folder"),
+    "generate": ("generate", "generate text from a model"),
+    "chat": ("chat", "chat with a model"),
+    "doctor": ("doctor", "report the machine and devices; run the hardware conformance suite"),
+    "demo": ("demo", "compile a small transformer layer and run it on the best device"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in the project's one-line form (exit 2)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="anelm", description="Train and run language models on the Apple Neural Engine.")
+    from .. import __version__
+
+    p.add_argument("--version", action="version", version=f"anelm {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (module, help_) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        try:
+            mod = importlib.import_module(f"anelm.cli.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"anelm.cli.{module}":
+                raise
+            sp.set_defaults(_unavailable=name)
+            continue
+        mod.add_args(sp)
+        sp.set_defaults(_run=mod.run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "command", None) is None:
+            build_parser().print_help(sys.stderr)
+            return 2
+        if getattr(args, "_unavailable", None):
+            raise AnelmError(f"'{args._unavailable}' is not available in this build")
+        return int(args._run(args) or 0)
+    except UsageError as e:
+        return _fail(e, 2)
+    except AnelmError as e:
+        return _fail(e, 1)
+    except KeyboardInterrupt:
+        print("anelm: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, MemoryError) as e:
+        return _fail(e, 1)
+
+
+def _fail(e: BaseException, code: int) -> int:
+    if os.environ.get("ANELM_DEBUG"):
+        raise e
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    print(f"anelm: error: {msg}", file=sys.stderr)
+    return code

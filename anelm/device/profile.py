@@ -1,0 +1,95 @@
+"""Chip profiles: the hardware behaviours the emulator reproduces and the compiler avoids.
+
+A profile is a JSON file (`--profile PATH` or `ANELM_PROFILE`). The built-in default is
+`strict`, the closed list of CONTRACTS §2. Behaviours that peers report but disagree on are
+named switches here, off in `strict`; `anelm doctor` measures them on real chips and writes
+a profile in this schema.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from ..errors import AnelmError
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+SRAM_BYTES = 32 * 1024 * 1024  # on-chip SRAM; working sets above it spill (~30 % slower)
+
+
+@dataclass(frozen=True)
+class ChipProfile:
+    name: str = "strict"
+    # --- compile-time rejects (strict §2.1) ---
+    rejected_ops: tuple[str, ...] = ("concat", "gelu")
+    reject_conv_bias: bool = True
+    reject_dynamic_conv_weight: bool = True  # conv weight must be const or constexpr_* result
+    reject_inline_matmul_transpose: bool = True  # transpose_x/_y must be named consts
+    # --- binding and surfaces (strict §2.2-2.4) ---
+    bind_inputs_alphabetically: bool = True
+    bind_outputs_alphabetically: bool = True
+    uniform_input_sizes: bool = True
+    uniform_output_sizes: bool = True
+    min_surface_bytes: int = 49152
+    # --- semantics (strict §2.5-2.8) ---
+    sdpa_ignores_mask: bool = True
+    reload_reads_new_weights: bool = False
+    compile_budget: int = 119
+    compute_dtype: str = "fp16"
+    cast_only_at_boundary: bool = True
+    # --- peer-reported switches, off in strict ---
+    single_input_only: bool = False  # maderix: multi-input requests give 0x1d
+    reject_reduce_mean: bool = False  # Espresso authors: no reduce_mean in raw MIL
+    reject_rsqrt: bool = False  # rustane: rsqrt/sqrt fail after a reduce
+    single_chunk_blobs_only: bool = False  # M1: multi-chunk blob files fail
+    spatial_multiple_of: int = 1  # rustane: last dim must be a multiple of 16
+    saturate_above: float | None = None  # A13/A14 Q.4x16 activations saturate at |x| > 4094
+    notes: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["rejected_ops"] = list(self.rejected_ops)
+        return json.dumps(d, indent=2, sort_keys=False) + "\n"
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(self.to_json())
+
+    def replace(self, **changes) -> "ChipProfile":
+        d = asdict(self)
+        d.update(changes)
+        return ChipProfile.from_dict(d)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "profile") -> "ChipProfile":
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise AnelmError(f"{source}: unknown chip-profile key(s) {unknown}; expected some of {sorted(known)}")
+        d = dict(d)
+        if "rejected_ops" in d:
+            d["rejected_ops"] = tuple(d["rejected_ops"])
+        return cls(**d)
+
+
+STRICT = ChipProfile()
+
+
+def load_profile(spec: str | os.PathLike | None = None) -> ChipProfile:
+    """Load a profile by path or built-in name; `None` reads `ANELM_PROFILE`, else `strict`."""
+    spec = spec if spec is not None else os.environ.get("ANELM_PROFILE")
+    if spec is None or spec == "strict":
+        return STRICT
+    path = Path(spec)
+    if not path.exists() and (PROFILE_DIR / f"{spec}.json").exists():
+        path = PROFILE_DIR / f"{spec}.json"
+    if not path.exists():
+        raise AnelmError(f"chip profile '{spec}' not found; expected a JSON file path or 'strict'")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise AnelmError(f"chip profile '{path}' is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise AnelmError(f"chip profile '{path}' must be a JSON object")
+    return ChipProfile.from_dict(data, source=str(path))
