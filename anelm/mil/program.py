@@ -38,6 +38,25 @@ NUMPY_DTYPES = {
     "bool": np.bool_,
 }
 ITEMSIZE = {k: np.dtype(v).itemsize for k, v in NUMPY_DTYPES.items()}
+# Sub-byte MIL dtypes (quantized weights, LUT indices). numpy has none, so values live in an
+# int8 (signed) or uint8 container; BLOBFILE packs them LSB first.
+SUBBYTE_BITS = {"int4": 4, "uint1": 1, "uint2": 2, "uint3": 3, "uint4": 4, "uint6": 6}
+
+
+def storage_dtype(dtype: str) -> np.dtype:
+    """numpy dtype that holds values of a MIL dtype (the container for sub-byte types)."""
+    if dtype in SUBBYTE_BITS:
+        return np.dtype(np.int8 if dtype.startswith("int") else np.uint8)
+    return np.dtype(NUMPY_DTYPES[dtype])
+
+
+def int_range(dtype: str) -> tuple[int, int]:
+    """Smallest and largest value of an integer MIL dtype, sub-byte ones included."""
+    if dtype in SUBBYTE_BITS:
+        bits = SUBBYTE_BITS[dtype]
+        return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype == "int4" else (0, (1 << bits) - 1)
+    info = np.iinfo(NUMPY_DTYPES[dtype])
+    return int(info.min), int(info.max)
 
 
 @dataclass(frozen=True)
@@ -134,6 +153,11 @@ class Program:
     version: str = "1.3"
     build_info: list[tuple[str, str]] | None = None
     functions: dict[str, Function] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        from .text import print_program  # lazy: the printer imports this module
+
+        return print_program(self)
 
     @property
     def main(self) -> Function:

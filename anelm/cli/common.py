@@ -1,0 +1,31 @@
+"""Flags and helpers shared by subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["auto", "ane", "emulator"], default="auto",
+                   help="where programs run: the real ANE, the emulator, or the best available (default)")
+    p.add_argument("--profile", default=None, metavar="PATH",
+                   help="chip-profile JSON (default: $ANELM_PROFILE, else the built-in 'strict')")
+
+
+def device_from_args(args):
+    """The device and profile the user asked for; the choice is printed to stderr."""
+    from ..device.profile import load_profile
+    from ..device.select import get_device
+
+    profile = load_profile(args.profile)
+    return get_device(args.device, profile), profile
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v

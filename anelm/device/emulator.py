@@ -1,0 +1,198 @@
+"""The software ANE: runs parsed MIL text as the hardware would, under a chip profile.
+
+    emu = Emulator()                       # STRICT profile
+    model = emu.compile(mil_text, weights) # charges the compile budget; rejects as the ANE does
+    emu.load(model)
+    emu.evaluate(model, in_surfaces, out_surfaces)
+
+What it reproduces (CONTRACTS §2): compile-time rejects (`emulator_checks`), a compile folder
+named by the content hash with `model.mil` and the blobs (as the private API needs), weights
+read at compile, positional surface binding in alphabetical order, uniform and minimum surface
+sizes, packed reads and writes at offset 0, fp16 rounding of every op result, and the peer
+switches of the profile. The execution plan (`emulator_plan`) is built once per compile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BlobError, DeviceError, ShapeError
+from ..mil.program import Function, TensorType, storage_dtype
+from .base import Device, Surface, charge_compile
+from .emulator_checks import check_function
+from .emulator_plan import Plan, Resolver, build_plan
+from .profile import STRICT, ChipProfile
+
+BAD_REQUEST = 0x1d  # the status the hardware returns for a request it refuses
+MODEL_PATH = "@model_path/"
+
+
+def bind_order(names: list[str], alphabetical: bool) -> list[str]:
+    """The order surfaces bind in: alphabetical by MIL name on the ANE, else as declared."""
+    return sorted(names) if alphabetical else list(names)
+
+
+def content_key(mil_text: str, weights: dict[str, bytes]) -> str:
+    """Hash of the text and every blob: the compile folder's name, like `hexStringIdentifier`."""
+    h = hashlib.sha256(mil_text.encode("utf-8"))
+    for path in sorted(weights):
+        h.update(path.encode("utf-8") + b"\0" + hashlib.sha256(weights[path]).digest())
+    return h.hexdigest()
+
+
+@dataclass(eq=False)
+class EmulatedModel:
+    """One compiled program: its folder, parsed function and execution plan."""
+
+    key: str
+    folder: Path
+    func: Function
+    plan: Plan
+    weight_paths: list[str] = field(default_factory=list)
+    loaded: bool = False
+    inputs: list[tuple[str, TensorType]] = field(default_factory=list)  # in binding order
+    outputs: list[tuple[str, TensorType]] = field(default_factory=list)
+
+
+class Emulator(Device):
+    """A Device that executes MIL in numpy, enforcing the chip profile's behaviours."""
+
+    name = "emulator"
+
+    def __init__(self, profile: ChipProfile = STRICT):
+        super().__init__(profile)
+        self._root = Path(tempfile.mkdtemp(prefix="anelm-emulator-"))
+        # compile folders live as long as the device (or the process)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._root), True)
+
+    # --- life cycle -------------------------------------------------------------------------
+    def compile(self, mil_text: str, weights: dict[str, bytes]) -> EmulatedModel:
+        charge_compile(self.profile.compile_budget)
+        from ..mil.parser import parse  # noqa: PLC0415 - the parser pulls in lark; load on use
+
+        func = parse(mil_text).main
+        weights = {k: bytes(v) for k, v in (weights or {}).items()}  # a snapshot, as the API copies
+        for path in weights:
+            _rel_path(path)  # a key outside @model_path/ is a bad blob reference
+        check_function(func, self.profile, weights)
+        key = content_key(mil_text, weights)
+        folder = self._write_folder(key, mil_text, weights)
+        # weights are read now; later rewrites of the folder change nothing unless the profile says
+        plan = build_plan(func, weights, self.profile)
+        types = func.result_types()
+        ins = bind_order([n for _, n in func.inputs], self.profile.bind_inputs_alphabetically)
+        outs = bind_order(list(func.outputs), self.profile.bind_outputs_alphabetically)
+        return EmulatedModel(key, folder, func, plan, sorted(weights),
+                             inputs=[(n, types[n]) for n in ins], outputs=[(n, types[n]) for n in outs])
+
+    def load(self, model: EmulatedModel) -> None:
+        if self.profile.reload_reads_new_weights and model.weight_paths:
+            model.plan = build_plan(model.func, _folder_resolver(model.folder), self.profile)
+        model.loaded = True
+
+    def unload(self, model: EmulatedModel) -> None:
+        model.loaded = False
+
+    def rewrite_weight(self, model: EmulatedModel, path: str, blob: bytes) -> None:
+        target = model.folder / _rel_path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(bytes(blob))
+
+    def close(self) -> None:
+        self._cleanup()
+
+    def _write_folder(self, key: str, mil_text: str, weights: dict[str, bytes]) -> Path:
+        folder = self._root / key[:40]
+        (folder / "weights").mkdir(parents=True, exist_ok=True)
+        (folder / "model.mil").write_text(mil_text, encoding="utf-8")
+        for path, data in weights.items():
+            target = folder / _rel_path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        return folder
+
+    # --- requests ---------------------------------------------------------------------------
+    def evaluate(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface]) -> None:
+        if not model.loaded:
+            raise DeviceError("evaluate on a model that is not loaded; call load() first", code=BAD_REQUEST)
+        self._check_request(model, inputs, outputs)
+        arrays = {name: read_packed(s, t) for (name, t), s in zip(model.inputs, inputs)}
+        results = model.plan.run(arrays)
+        for (name, t), s in zip(model.outputs, outputs):
+            write_packed(s, results[name], t)
+
+    def _check_request(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface]) -> None:
+        p = self.profile
+        if p.single_input_only and len(inputs) > 1:
+            raise DeviceError(f"request has {len(inputs)} input surfaces; this profile accepts one "
+                              "(pack inputs along the spatial axis)", code=BAD_REQUEST)
+        for what, surfaces, specs, uniform in (("input", inputs, model.inputs, p.uniform_input_sizes),
+                                               ("output", outputs, model.outputs, p.uniform_output_sizes)):
+            if len(surfaces) != len(specs):
+                raise DeviceError(f"request has {len(surfaces)} {what} surfaces; expected {len(specs)} "
+                                  f"({', '.join(n for n, _ in specs)})", code=BAD_REQUEST)
+            sizes = [s.nbytes for s in surfaces]
+            if uniform and len(set(sizes)) > 1:
+                raise DeviceError(f"{what} surfaces have sizes {sizes}; expected one allocation size "
+                                  f"for every {what}", code=BAD_REQUEST)
+            for (name, t), s in zip(specs, surfaces):
+                if s.nbytes < p.min_surface_bytes or s.nbytes < t.nbytes:
+                    raise DeviceError(f"{what} surface for '{name}' has {s.nbytes} bytes; expected at least "
+                                      f"{max(p.min_surface_bytes, t.nbytes)}", code=BAD_REQUEST)
+
+
+def read_packed(surface: Surface, t: TensorType) -> np.ndarray:
+    """The first prod(shape) * itemsize bytes of the surface, as the declared tensor."""
+    raw = surface.view()[: t.nbytes]
+    return raw.view(storage_dtype(t.dtype)).reshape(t.shape or ())
+
+
+def write_packed(surface: Surface, value: np.ndarray, t: TensorType) -> None:
+    surface.write(np.ascontiguousarray(value, dtype=storage_dtype(t.dtype)))
+
+
+def _rel_path(path: str) -> str:
+    """`@model_path/weights/w.bin` -> `weights/w.bin`; anything else is a bad blob key."""
+    rel = path[len(MODEL_PATH):] if path.startswith(MODEL_PATH) else ""
+    if not rel or rel.startswith("/") or ".." in Path(rel).parts:
+        raise BlobError(f"{path}: weight keys must look like '@model_path/weights/<name>.bin'")
+    return rel
+
+
+def _folder_resolver(folder: Path) -> Resolver:
+    def read(path: str) -> bytes:
+        target = folder / _rel_path(path)
+        if not target.exists():
+            raise BlobError(f"{path}: no such file in the compile folder {folder}")
+        return target.read_bytes()
+    return read
+
+
+def run_function(func: Function, weights_resolver: Resolver | dict[str, bytes],
+                 inputs: dict[str, np.ndarray], profile: ChipProfile = STRICT) -> dict[str, np.ndarray]:
+    """Execute one MIL function as the emulator would, without devices or surfaces.
+
+    Inputs are cast to their declared dtype (fp32 -> fp16 rounds); missing or extra names and
+    wrong shapes are a ShapeError. Outputs come back in their declared dtype, keyed by name.
+    No compile rejects are checked here: this is the numeric semantics only.
+    """
+    types = func.input_types()
+    extra, missing = sorted(set(inputs) - set(types)), sorted(set(types) - set(inputs))
+    if extra or missing:
+        raise ShapeError(f"inputs: expected names {sorted(types)}, got missing {missing}, extra {extra}")
+    arrays = {}
+    for name, t in types.items():
+        a = np.asarray(inputs[name])
+        if a.shape != tuple(t.shape or ()):
+            raise ShapeError(f"input '{name}': expected shape {list(t.shape or ())}, got {list(a.shape)}")
+        arrays[name] = a.astype(storage_dtype(t.dtype))
+    out = build_plan(func, weights_resolver, profile).run(arrays)
+    rtypes = func.result_types()
+    return {n: np.asarray(v).astype(storage_dtype(rtypes[n].dtype)) for n, v in out.items()}

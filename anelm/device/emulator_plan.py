@@ -1,0 +1,317 @@
+"""The emulator's execution plan: a MIL function resolved once, run many times.
+
+At compile time every const is decoded (inline literals and BLOBFILE blobs), every param is
+turned into a Python value, ops whose operands are all consts are folded (constexpr_* among
+them), and each statement's declared types are checked against the op table's inference.
+What is left is a flat list of steps: `compute(arrays, params)` then a rounding of each result
+to its declared dtype, floats to the profile's compute dtype (fp16: the ANE computes in fp16,
+so every op result is rounded, and overflow gives inf).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import BlobError, CompileError, ShapeError
+from ..ir.ops import OP_TABLE, full_params, raw_compute
+from ..ir.ops_common import dims
+from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var, storage_dtype
+from .profile import ChipProfile
+
+Resolver = Callable[[str], bytes]
+FLOAT_DTYPES = ("fp16", "fp32")
+
+
+def node_name(st: Statement) -> str:
+    """The statement's `name` attribute, else its first result variable."""
+    return st.name or st.results[0][1]
+
+
+_ABS = np.uint32(0x7FFFFFFF)
+_F16_OVER_BITS = np.uint32(0x477FF000)  # 65520.0: from here on fp16 rounds to inf
+_F16_TINY_BITS = np.uint32(0x38800000 - 1)  # 2**-14 (smallest normal fp16) minus the wrap below
+_HALF = np.float32(0.5)
+
+
+def round_fp16(a: Any) -> np.ndarray:
+    """float32 -> nearest fp16 value (ties to even), kept as float32; overflow gives +-inf.
+
+    Same result as `a.astype(float16).astype(float32)` at a fraction of the cost, which matters
+    because every op result goes through here. The mantissa is rounded on the bit pattern (add
+    0xFFF plus the kept LSB, clear the 13 low bits); one max and one min over the magnitudes
+    then tell whether any value left the normal fp16 range, and only those are redone.
+    """
+    if getattr(a, "dtype", None) == np.float16:
+        return a.astype(np.float32)  # already fp16 values (inputs, blobs): exact, no rounding
+    a = np.asarray(a, dtype=np.float32)
+    shape = a.shape
+    a = a.reshape(-1)  # flat (a copy only if not contiguous); also makes 0-d scalars arrays
+    u = a.view(np.uint32)
+    r = u >> 13
+    r &= 1
+    r += 0x0FFF
+    r += u
+    r &= np.uint32(0xFFFFE000)
+    f = r.view(np.float32)
+    if not r.size:
+        return f.reshape(shape)
+    m = u & _ABS  # magnitudes of the inputs (a NaN may round into the sign bit, so not of r)
+    if m.max() >= _F16_OVER_BITS:  # overflow, inf or NaN somewhere: rare, the IEEE cast does it all
+        with np.errstate(over="ignore", invalid="ignore"):
+            return a.astype(np.float16).astype(np.float32).reshape(shape)
+    m -= 1  # unsigned wrap: zeros go to the top and drop out of the subnormal test
+    if m.min() < _F16_TINY_BITS:
+        # fp16 subnormals are multiples of 2**-24: the float32 ulp of 0.5, so adding 0.5 rounds there
+        tiny = m < _F16_TINY_BITS
+        t = a[tiny]
+        f[tiny] = np.copysign((np.abs(t) + _HALF) - _HALF, t)
+    return f.reshape(shape)
+
+
+def make_rounder(dtype: str, profile: ChipProfile) -> Callable[[Any], Any]:
+    """Round a float32 result to what the hardware stores for `dtype`."""
+    if dtype in FLOAT_DTYPES:
+        limit = profile.saturate_above
+        base = round_fp16 if profile.compute_dtype == "fp16" else _as_f32
+        if limit is None:
+            return base
+
+        def saturating(a):
+            r = base(a)
+            # Q.4x16 activations: magnitudes past the limit saturate to +-inf
+            big = np.abs(r) > limit
+            r[big] = np.copysign(np.float32(np.inf), r[big])
+            return r
+        return saturating
+    if dtype == "string":
+        return lambda a: a
+    target = storage_dtype(dtype)
+    return lambda a: np.asarray(a).astype(target)
+
+
+def _as_f32(a: Any) -> np.ndarray:
+    return np.array(a, dtype=np.float32)  # a copy: results never alias an input
+
+
+def py_value(v: Any) -> Any:
+    """A const as a Python param value: str, scalar, or (nested) list."""
+    if isinstance(v, str):
+        return v
+    a = np.asarray(v)
+    if a.dtype.kind in "US":
+        return str(a.reshape(-1)[0]) if a.size == 1 else a.tolist()
+    return a.item() if a.ndim == 0 else a.tolist()
+
+
+@dataclass
+class Step:
+    node: str
+    op: str
+    fn: Callable
+    tensors: list[tuple[str, Any]]  # operand -> env key, or list of keys for a tuple operand
+    params: dict[str, Any]
+    outs: list[tuple[str, Callable]]  # result name, rounder
+    free: list[str] = field(default_factory=list)  # values last read here: dropped after the step
+
+
+@dataclass
+class Plan:
+    inputs: list[tuple[TensorType, str]]
+    outputs: list[str]
+    types: dict[str, TensorType]
+    consts: dict[str, Any] = field(default_factory=dict)
+    steps: list[Step] = field(default_factory=list)
+    in_round: dict[str, Callable] = field(default_factory=dict)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Execute on arrays already shaped as declared (rounded here like every value)."""
+        env = dict(self.consts)
+        for _, name in self.inputs:
+            env[name] = self.in_round[name](inputs[name])
+        with np.errstate(all="ignore"):  # fp16 overflow to inf is the modelled behaviour
+            for st in self.steps:
+                args = {k: [env[i] for i in key] if isinstance(key, list) else env[key]
+                        for k, key in st.tensors}
+                res = st.fn(args, st.params)
+                for (name, rnd), r in zip(st.outs, res):
+                    env[name] = rnd(r)
+                for name in st.free:  # keeps the working set to the live values, not the whole run
+                    del env[name]
+        return {name: env[name] for name in self.outputs}
+
+
+class _Builder:
+    """Turns one Function into a Plan; the checks on names and types happen here."""
+
+    def __init__(self, func: Function, resolver: Resolver, profile: ChipProfile):
+        self.func, self.resolver, self.profile = func, resolver, profile
+        self.plan = Plan(list(func.inputs), list(func.outputs), {})
+        self.blobs: dict[str, bytes] = {}
+
+    def build(self) -> Plan:
+        p = self.plan
+        for t, name in self.func.inputs:
+            p.types[name] = t
+            p.in_round[name] = make_rounder(t.dtype, self.profile)
+        for st in self.func.body:
+            self.const(st) if st.op == "const" else self.statement(st)
+        for name in self.func.outputs:
+            if name not in p.types:
+                raise CompileError(name, "returned name is defined by no statement",
+                                   "return a variable that a statement binds")
+        # keep only the consts a step or the return reads: folded-away operands free their memory
+        used = set(p.outputs)
+        for step in p.steps:
+            used.update(_keys(step))
+        p.consts = {k: v for k, v in p.consts.items() if k in used}
+        _plan_frees(p)
+        return p
+
+    # --- operands -------------------------------------------------------------------------
+    def literal(self, key: str, arg: Literal | BlobRef) -> str:
+        """Store an inline literal or blob as a const named `key`; return the key."""
+        if isinstance(arg, BlobRef):
+            val = self.decode(arg)
+        else:
+            val = arg.value
+        self.plan.consts[key] = val if isinstance(val, str) else make_rounder(arg.type.dtype, self.profile)(val)
+        self.plan.types[key] = arg.type
+        return key
+
+    def decode(self, ref: BlobRef) -> np.ndarray:
+        from ..mil.blob import decode_blob  # noqa: PLC0415 - sibling module, loaded on first blob
+
+        data = self.blob_bytes(ref.path)
+        try:
+            arr = decode_blob(data, ref.offset, ref.type.dtype, ref.type.shape or (), source=ref.path)
+        except BlobError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any decoding failure is a bad blob
+            raise BlobError(f"{ref.path}: cannot read {ref.type.dtype} {list(dims(ref.type))} "
+                            f"at offset {ref.offset}: {e}") from None
+        return np.asarray(arr)
+
+    def blob_bytes(self, path: str) -> bytes:
+        if path not in self.blobs:
+            try:
+                self.blobs[path] = self.resolver(path)
+            except (KeyError, FileNotFoundError, OSError):
+                raise BlobError(f"{path}: no such weight blob was given to the compile") from None
+        return self.blobs[path]
+
+    def tensor_key(self, st: Statement, arg_name: str, arg: Any) -> Any:
+        if isinstance(arg, tuple):
+            return [self.tensor_key(st, f"{arg_name}[{i}]", a) for i, a in enumerate(arg)]
+        if isinstance(arg, Var):
+            if arg.name not in self.plan.types:
+                raise CompileError(node_name(st), f"{st.op} operand '{arg_name}' refers to '{arg.name}', "
+                                   "which no input or earlier statement defines")
+            return arg.name
+        return self.literal(f"{node_name(st)}/{arg_name}", arg)
+
+    def param_value(self, st: Statement, arg_name: str, arg: Any) -> Any:
+        if isinstance(arg, Literal):
+            return py_value(arg.value)
+        key = self.tensor_key(st, arg_name, arg)
+        if not isinstance(key, str) or key not in self.plan.consts:
+            raise CompileError(node_name(st), f"{st.op} param '{arg_name}' must be a const, got '{key}'",
+                               "bind it to a const statement")
+        return py_value(self.plan.consts[key])
+
+    # --- statements -----------------------------------------------------------------------
+    def const(self, st: Statement) -> None:
+        """`const()[val = ...]`: decoded once, stored under the result name."""
+        node = node_name(st)
+        val = st.attrs.get("val", st.args.get("val"))
+        if not isinstance(val, (Literal, BlobRef)) or len(st.results) != 1:
+            raise CompileError(node, "const needs one result and an inline or BLOBFILE val")
+        t, name = st.results[0]
+        if t.dtype != val.type.dtype or dims(t) != dims(val.type):
+            raise ShapeError(f"node '{node}': const declared as {t.dtype} {list(dims(t))}; "
+                             f"expected the type of its val, {val.type.dtype} {list(dims(val.type))}")
+        self.literal(name, val)
+
+    def statement(self, st: Statement) -> None:
+        node = node_name(st)
+        op = OP_TABLE.get(st.op)
+        if op is None:
+            raise CompileError(node, f"op '{st.op}' is not in the emulator's op table")
+        tensors, params = [], {}
+        for arg_name, arg in st.operands().items():
+            if arg_name in op.inputs:
+                tensors.append((arg_name, self.tensor_key(st, arg_name, arg)))
+            elif arg_name in op.params:
+                params[arg_name] = self.param_value(st, arg_name, arg)
+            else:
+                raise CompileError(node, f"{st.op} has no argument '{arg_name}'; "
+                                   f"expected some of {list(op.inputs) + list(op.params)}")
+        if st.op == "scaled_dot_product_attention" and self.profile.sdpa_ignores_mask:
+            tensors = [(k, v) for k, v in tensors if k != "attn_mask"]  # the hardware drops it
+        try:
+            params = full_params(st.op, params)
+        except ShapeError as e:
+            raise ShapeError(f"node '{node}': {e}") from None
+        self.check_types(st, node, tensors, params)
+        step = Step(node, st.op, raw_compute(op), tensors, params,
+                    [(n, make_rounder(t.dtype, self.profile)) for t, n in st.results])
+        for t, n in st.results:
+            self.plan.types[n] = t
+        if self.foldable(tensors):
+            self.fold(step)
+        else:
+            self.plan.steps.append(step)
+
+    def check_types(self, st: Statement, node: str, tensors, params) -> None:
+        types = {k: [self.plan.types[i] for i in key] if isinstance(key, list) else self.plan.types[key]
+                 for k, key in tensors}
+        try:
+            got = OP_TABLE[st.op].infer(types, params)
+        except ShapeError as e:
+            raise ShapeError(f"node '{node}': {e}") from None
+        declared = [t for t, _ in st.results]
+        if len(got) != len(declared) or any(
+                g.dtype != d.dtype or dims(g) != dims(d) for g, d in zip(got, declared)):
+            show = lambda ts: ", ".join(f"{t.dtype} {list(dims(t))}" for t in ts)  # noqa: E731
+            raise ShapeError(f"node '{node}': {st.op} result declared as {show(declared)}; "
+                             f"expected {show(got)} from its operands")
+
+    def foldable(self, tensors) -> bool:
+        keys = [i for _, key in tensors for i in (key if isinstance(key, list) else [key])]
+        return all(k in self.plan.consts for k in keys)
+
+    def fold(self, step: Step) -> None:
+        env = self.plan.consts
+        args = {k: [env[i] for i in key] if isinstance(key, list) else env[key] for k, key in step.tensors}
+        with np.errstate(all="ignore"):
+            res = step.fn(args, step.params)
+        for (name, rnd), r in zip(step.outs, res):
+            env[name] = r if isinstance(r, str) else rnd(r)
+
+
+def _keys(step: Step) -> list[str]:
+    return [i for _, key in step.tensors for i in (key if isinstance(key, list) else [key])]
+
+
+def _plan_frees(p: Plan) -> None:
+    """Mark each computed value to be dropped after the step that reads it last."""
+    last: dict[str, int] = {}
+    for i, step in enumerate(p.steps):
+        for name, _ in step.outs:
+            last[name] = i  # a result nobody reads goes right after it is made
+        for k in _keys(step):
+            last[k] = i
+    keep = set(p.outputs) | set(p.consts) | {n for _, n in p.inputs}
+    for name, i in last.items():
+        if name not in keep:
+            p.steps[i].free.append(name)
+
+
+def build_plan(func: Function, resolver: Resolver | dict[str, bytes], profile: ChipProfile) -> Plan:
+    """Resolve `func` once; `resolver` maps a MIL blob path to the whole BLOBFILE bytes."""
+    if isinstance(resolver, dict):
+        table = resolver
+        resolver = table.__getitem__
+    return _Builder(func, resolver, profile).build()

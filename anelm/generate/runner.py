@@ -1,0 +1,56 @@
+"""The Runner interface: what generation needs from a model, on any device.
+
+The CPU reference (`anelm.models.base.CausalLM`, built by `anelm.models.loading.build_model`)
+implements it in numpy; a device pipeline (kernels on the emulator or the ANE) implements it
+with compiled prefill buckets and a decode kernel. `generate_step` only talks to this.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """A runner's KV cache; the layout is the runner's business."""
+
+    length: int  # positions stored so far; the next token runs at this position
+    capacity: int  # most positions it can hold: the model's context
+
+
+@runtime_checkable
+class Runner(Protocol):
+    config: Any  # the model's config (anelm.models.config), HF field names
+    device: str  # "cpu", "emulator" or "ane": what `anelm generate` reports
+
+    def new_cache(self) -> Cache:
+        """An empty cache for one sequence."""
+        ...
+
+    def prefill(self, ids: Sequence[int], cache: Cache, last_only: bool = False) -> np.ndarray:
+        """Run `ids` at positions cache.length.. and store their keys and values, advancing
+        cache.length by len(ids). Returns float32 logits [len(ids), V], or [1, V] for the last
+        position only when `last_only` (generation needs no more)."""
+        ...
+
+    def decode(self, token: int, cache: Cache) -> np.ndarray:
+        """Run one token at position cache.length, advancing it by one. Returns logits [V]."""
+        ...
+
+
+def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto") -> Runner:
+    """The device pipeline's runner (`anelm.generate.pipeline.build_runner`) when that module
+    exists, else the CPU numpy reference; `runner.device` says which one was built."""
+    name = f"{__package__}.pipeline"
+    try:
+        pipeline = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:
+            raise  # the pipeline exists but something it needs is missing: say so
+        from ..models.loading import build_model
+
+        return build_model(config, weights)
+    return pipeline.build_runner(config, weights, device)

@@ -1,0 +1,191 @@
+"""BLOBFILE weights, byte for byte as coremltools' blob writer (storage version 2) lays them out.
+
+    offset  size  field
+    0       u32   number of tensors in the file
+    4       u32   storage version, 2
+    8..63         zero
+    per tensor, at a 64-aligned offset (the MIL `offset = uint64(...)` points HERE):
+    +0      u32   sentinel 0xDEADBEEF
+    +4      u32   dtype code (DTYPE_CODES)
+    +8      u64   payload size in bytes
+    +16     u64   absolute file offset of the payload (64-aligned, right after this block)
+    +24     u64   padding bits in the last payload byte (sub-byte dtypes only, else 0)
+    +32..63       zero
+    payload, row-major little-endian; the next metadata block starts at the next 64 boundary.
+
+Sub-byte dtypes (int4, uint1..uint6) are packed LSB first, as coremltools packs them.
+All integers are little-endian. One tensor per file is our default: M1 rejects files
+with several chunks (the `single_chunk_blobs_only` profile switch).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from ..errors import BlobError
+from .program import NUMPY_DTYPES, SUBBYTE_BITS, int_range, storage_dtype
+
+SENTINEL = 0xDEADBEEF
+VERSION = 2
+ALIGN = 64
+HEADER = struct.Struct("<II")  # count, version
+META = struct.Struct("<IIQQQ")  # sentinel, dtype code, size, data offset, padding bits
+
+# Codes read back from files written by coremltools.libmilstoragepython._BlobStorageWriter
+# (coremltools 9.0), one write_<type>_data call per dtype.
+DTYPE_CODES = {
+    "fp16": 1, "fp32": 2, "uint8": 3, "int8": 4, "int16": 6, "uint16": 7, "int4": 8,
+    "uint1": 9, "uint2": 10, "uint4": 11, "uint3": 12, "uint6": 13, "int32": 14, "uint32": 15,
+}
+CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
+_BY_NUMPY = {np.dtype(NUMPY_DTYPES[k]): k for k in DTYPE_CODES if k in NUMPY_DTYPES}
+
+
+class Chunk(NamedTuple):
+    offset: int  # of the metadata block: the MIL offset
+    dtype: str
+    nbytes: int  # payload size
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in DTYPE_CODES:
+        raise BlobError(f"dtype '{dtype}' cannot be stored in a BLOBFILE; expected one of {sorted(DTYPE_CODES)}")
+
+
+def payload_size(dtype: str, count: int) -> int:
+    """Bytes a payload of `count` elements of `dtype` takes."""
+    _check_dtype(dtype)
+    if dtype in SUBBYTE_BITS:
+        return -(-count * SUBBYTE_BITS[dtype] // 8)
+    return count * np.dtype(NUMPY_DTYPES[dtype]).itemsize
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _infer_dtype(arr: np.ndarray) -> str:
+    if arr.dtype not in _BY_NUMPY:
+        raise BlobError(f"array dtype {arr.dtype} has no BLOBFILE code; expected one of {sorted(map(str, _BY_NUMPY))}")
+    return _BY_NUMPY[arr.dtype]
+
+
+def _pack_subbyte(arr: np.ndarray, dtype: str) -> bytes:
+    bits, (lo, hi) = SUBBYTE_BITS[dtype], int_range(dtype)
+    vals = np.asarray(arr).reshape(-1).astype(np.int64)
+    if vals.size and (vals.min() < lo or vals.max() > hi):
+        raise BlobError(f"{dtype} values must lie in [{lo}, {hi}]; found [{vals.min()}, {vals.max()}]")
+    codes = vals & ((1 << bits) - 1)  # two's complement nibble for int4
+    bitplane = (codes[:, None] >> np.arange(bits)) & 1  # (n, bits), LSB first
+    return np.packbits(bitplane.astype(np.uint8).reshape(-1), bitorder="little").tobytes()
+
+
+def _payload(arr: np.ndarray, dtype: str) -> bytes:
+    if dtype in SUBBYTE_BITS:
+        return _pack_subbyte(arr, dtype)
+    return np.ascontiguousarray(arr, dtype=np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<")).tobytes()
+
+
+def encode_blob(arrays: Sequence[np.ndarray], dtypes: Sequence[str | None] | None = None) -> tuple[bytes, list[int]]:
+    """One BLOBFILE holding `arrays` in order; returns the bytes and each MIL offset.
+
+    `dtypes` names the stored MIL dtype per array (needed for sub-byte types, whose values
+    come in int8/uint8 arrays); by default it follows the array's numpy dtype.
+    """
+    dtypes = list(dtypes) if dtypes is not None else [None] * len(arrays)
+    if len(dtypes) != len(arrays):
+        raise BlobError(f"encode_blob got {len(arrays)} arrays but {len(dtypes)} dtypes; expected one per array")
+    out = bytearray(HEADER.pack(len(arrays), VERSION).ljust(ALIGN, b"\0"))
+    offsets = []
+    for arr, dtype in zip(arrays, dtypes):
+        arr = np.asarray(arr)
+        dtype = dtype or _infer_dtype(arr)
+        _check_dtype(dtype)
+        data = _payload(arr, dtype)
+        pad_bits = len(data) * 8 - arr.size * SUBBYTE_BITS[dtype] if dtype in SUBBYTE_BITS else 0
+        meta_at = _align(len(out))
+        out.extend(b"\0" * (meta_at - len(out)))
+        out.extend(META.pack(SENTINEL, DTYPE_CODES[dtype], len(data), meta_at + ALIGN, pad_bits).ljust(ALIGN, b"\0"))
+        out.extend(data)
+        offsets.append(meta_at)
+    return bytes(out), offsets
+
+
+def encode_tensor(arr: np.ndarray, dtype: str | None = None) -> bytes:
+    """A single-tensor BLOBFILE; its MIL offset is 64."""
+    return encode_blob([arr], [dtype])[0]
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _read_meta(data: bytes, offset: int, source: str) -> tuple[int, int, int]:
+    """Validate the metadata block at `offset`; returns (dtype code, size, data offset)."""
+    if offset < 0 or offset + META.size > len(data):
+        raise BlobError(f"{source}: offset {offset} is past the end of a {len(data)}-byte blob; "
+                        "expected the offset of a 64-byte metadata block")
+    sentinel, code, size, data_at, _ = META.unpack_from(data, offset)
+    if sentinel != SENTINEL:
+        raise BlobError(f"{source}: no blob metadata at offset {offset}: expected sentinel 0xDEADBEEF, "
+                        f"found 0x{sentinel:08X} (wrong offset?)")
+    if data_at + size > len(data):
+        raise BlobError(f"{source}: truncated: the tensor at offset {offset} needs bytes "
+                        f"[{data_at}, {data_at + size}) but the blob has {len(data)}")
+    return code, size, data_at
+
+
+def _unpack_subbyte(raw: bytes, dtype: str, count: int) -> np.ndarray:
+    bits = SUBBYTE_BITS[dtype]
+    flat = np.unpackbits(np.frombuffer(raw, np.uint8), bitorder="little")[: count * bits]
+    vals = flat.reshape(count, bits).astype(np.int16) @ (1 << np.arange(bits, dtype=np.int16))
+    if dtype == "int4":
+        vals = np.where(vals >= 8, vals - 16, vals)  # sign-extend the nibble
+    return vals.astype(storage_dtype(dtype))
+
+
+def decode_blob(data: bytes, offset: int, dtype: str, shape: Sequence[int] | None, source: str = "blob") -> np.ndarray:
+    """The tensor whose metadata block sits at `offset`, checked against the MIL `dtype` and `shape`.
+
+    Byte-sized dtypes come back as a read-only view of `data`; sub-byte ones unpacked into
+    an int8/uint8 array.
+    """
+    _check_dtype(dtype)
+    shape = tuple(shape or ())
+    code, size, data_at = _read_meta(data, offset, source)
+    if code != DTYPE_CODES[dtype]:
+        found = CODE_DTYPES.get(code, "unknown")
+        raise BlobError(f"{source}: dtype mismatch at offset {offset}: the MIL says {dtype} "
+                        f"(code {DTYPE_CODES[dtype]}), the blob holds code {code} ({found})")
+    count = int(np.prod(shape)) if shape else 1
+    want = payload_size(dtype, count)
+    if size != want:
+        raise BlobError(f"{source}: size mismatch at offset {offset}: {dtype}{list(shape)} needs "
+                        f"{want} bytes, the blob holds {size}")
+    raw = memoryview(data)[data_at : data_at + size]
+    if dtype in SUBBYTE_BITS:
+        return _unpack_subbyte(bytes(raw), dtype, count).reshape(shape)
+    return np.frombuffer(raw, np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<")).reshape(shape)
+
+
+def blob_chunks(data: bytes, source: str = "blob") -> list[Chunk]:
+    """Every tensor in a BLOBFILE, in file order, walking from the header's count."""
+    if len(data) < ALIGN:
+        raise BlobError(f"{source}: truncated: {len(data)} bytes, expected at least the 64-byte file header")
+    count, version = HEADER.unpack_from(data, 0)
+    if version != VERSION:
+        raise BlobError(f"{source}: storage version {version}, expected {VERSION}")
+    chunks, at = [], ALIGN
+    for _ in range(count):
+        code, size, data_at = _read_meta(data, at, source)
+        if code not in CODE_DTYPES:
+            raise BlobError(f"{source}: unknown dtype code {code} at offset {at}; "
+                            f"expected one of {sorted(CODE_DTYPES)}")
+        chunks.append(Chunk(at, CODE_DTYPES[code], size))
+        at = _align(data_at + size)
+    return chunks

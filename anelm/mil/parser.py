@@ -1,0 +1,337 @@
+"""MIL text -> `Program`, for both dialects of CONTRACTS §3 (grammar in mil.lark).
+
+Parsing is a pure syntax step: literals become numpy arrays of their declared dtype and
+shape, but undefined names and unknown ops are left for the emulator and the compiler to
+reject. Every error is a `MILSyntaxError` with the line and column it points at.
+
+The grammar runs as LALR(1) with the tree transformer embedded in the parser, so no parse
+tree is built, and its tokens are coarse (see mil.lark): lark's cost is per token, and this
+keeps a 2,000-statement kernel well under a second.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+from lark import Lark, Token, Transformer, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from ..errors import MILSyntaxError
+from .program import NUMPY_DTYPES, SUBBYTE_BITS, BlobRef, Function, Literal, Program, Statement, TensorType, Var
+from .program import int_range, storage_dtype
+
+KNOWN_DTYPES = frozenset(NUMPY_DTYPES) | {"string"} | frozenset(SUBBYTE_BITS)
+_FLOATS = ("fp16", "fp32")
+_VERSION = re.compile(r"\d+(\.\d+)?")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
+_TYPE_PARTS = re.compile(r"tensor\s*<\s*(\w+)\s*,\s*\[(.*)\]\s*>", re.S)
+_SCALAR_PARTS = re.compile(r"(\w+)\(\s*(.*?)\s*\)$", re.S)
+_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+# The spellings of NUMBER, HEXFLOAT and FLOATWORD in mil.lark, for the elements of a list.
+_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+_HEXFLOAT = r"[+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?\d+"
+_WORDS = {"float": rf"{_HEXFLOAT}|{_NUMBER}|[+-]?(?:inf|nan)", "int": r"[+-]?\d+", "bool": "true|false"}
+_EXPECTED = {"float": "a number", "int": "an integer", "bool": "true or false"}
+_ELEMENT_OF = {k: re.compile(w) for k, w in _WORDS.items()}
+_LIST_OF = {k: re.compile(rf"\s*(?:{w})\s*(?:,\s*(?:{w})\s*)*") for k, w in _WORDS.items()}
+_ELEMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|[^,\s\[\]][^,\[\]]*')  # one list element, with its span
+_TERMINAL_NAMES = {  # how an expected token is named in error messages
+    "NAME": "a name", "KEY": "an argument such as x =", "TENSOR_TYPE": "a tensor type",
+    "SCALAR": "a literal such as int32(1)", "NUMBER": "a number", "HEXFLOAT": "a hex float",
+    "STRING": "a string", "LIST": "a bracketed list", "FLOATWORD": "inf or nan",
+    "$END": "end of input", "<END-OF-FILE>": "end of input",
+}
+
+
+class _Fail(Exception):
+    """Raised inside grammar callbacks; `parse` turns it into a MILSyntaxError with the source name."""
+
+    def __init__(self, message: str, line: int, column: int):
+        super().__init__(message)
+        self.message, self.line, self.column = message, line, column
+
+
+def _fail_at(tok: Token, message: str, offset: int = 0) -> _Fail:
+    """An error at `offset` characters into token `tok` (tokens such as LIST may span lines)."""
+    head = str(tok)[:offset]
+    nl = head.rfind("\n")
+    line = tok.line + head.count("\n")
+    column = tok.column + offset if nl < 0 else offset - nl
+    return _Fail(message, line, column)
+
+
+# --------------------------------------------------------------------------- literal values
+
+
+def _dtype(name: str, tok: Token, offset: int = 0) -> str:
+    if name not in KNOWN_DTYPES:
+        raise _fail_at(tok, f"unknown dtype '{name}'; expected one of {', '.join(sorted(KNOWN_DTYPES))}", offset)
+    return name
+
+
+def _unquote(s: str) -> str:
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), s[1:-1])
+
+
+def _kind(dtype: str) -> str:
+    return "float" if dtype in _FLOATS else dtype if dtype in ("bool", "string") else "int"
+
+
+def _element(dtype: str, s: str):
+    """One literal element as a Python value of `dtype`; ValueError says what was expected."""
+    s, kind = s.strip(), _kind(dtype)
+    if kind == "string":
+        if not _STRING.fullmatch(s):
+            raise ValueError(f"expected a quoted string, found '{s}'")
+        return _unquote(s)
+    if not _ELEMENT_OF[kind].fullmatch(s):
+        raise ValueError(f"expected {_EXPECTED[kind]} for {dtype}, found '{s}'")
+    if kind == "bool":
+        return s == "true"
+    if kind == "float":
+        return float.fromhex(s) if "x" in s.lower() else float(s)
+    v, (lo, hi) = int(s), int_range(dtype)
+    if not lo <= v <= hi:
+        raise ValueError(f"{dtype} value {v} is out of range; expected [{lo}, {hi}]")
+    return v
+
+
+def _fast_values(dtype: str, inner: str) -> np.ndarray | list | None:
+    """All elements of a list body at numpy speed (inline masks run to 64k elements).
+
+    None means "take the slow path", which converts element by element and names the first
+    bad one with its position.
+    """
+    kind = _kind(dtype)
+    if not inner.strip():
+        return []
+    if kind == "string" or not _LIST_OF[kind].fullmatch(inner):
+        return None
+    parts = inner.split(",")
+    if kind == "bool":
+        return np.array([p.strip() == "true" for p in parts])
+    if kind == "float":
+        return None if "x" in inner.lower() else np.array(parts, dtype=np.float64)  # hex floats: slow path
+    try:
+        values = np.array(parts, dtype=np.int64)
+    except OverflowError:
+        return None
+    lo, hi = int_range(dtype)
+    return values if lo <= values.min() and values.max() <= hi else None
+
+
+def _array(dtype: str, values, shape: tuple[int, ...]):
+    if dtype == "string":
+        return values[0] if shape == () else np.array(values, dtype=object).reshape(shape)
+    with np.errstate(over="ignore"):  # fp16(1e5) is +inf, as the hardware rounds it
+        return np.array(values, dtype=storage_dtype(dtype)).reshape(shape)
+
+
+def _list_elements(tok: Token, start: int, end: int) -> list[tuple[str, int]]:
+    """The elements of the flat list `tok[start:end]` with their offsets into the token."""
+    return [(m.group(), m.start()) for m in _ELEMENT.finditer(str(tok), start, end)]
+
+
+def _tensor_type(tok: Token) -> TensorType:
+    """A TENSOR_TYPE token, `tensor<fp16, [1, 64, 1, 32]>`."""
+    m = _TYPE_PARTS.match(tok)
+    dtype, dims = _dtype(m.group(1), tok, m.start(1)), []
+    for text, off in _list_elements(tok, m.start(2), m.end(2)):
+        if not text.strip().isdigit():
+            raise _fail_at(tok, f"expected a non-negative integer dimension, found '{text.strip()}'", off)
+        dims.append(int(text))
+    return TensorType(dtype, tuple(dims))
+
+
+def _scalar_literal(dtype: str, tok: Token, text: str, offset: int) -> Literal:
+    try:
+        value = _element(dtype, text)
+    except ValueError as e:
+        raise _fail_at(tok, str(e), offset) from None
+    return Literal(TensorType(dtype, None), _array(dtype, [value], ()))
+
+
+def _tensor_literal(ttype: TensorType, body: Token) -> Literal:
+    shape = ttype.shape or ()
+    start, end = (1, len(body) - 1) if body.type == "LIST" else (0, len(body))
+    values = _fast_values(ttype.dtype, str(body)[start:end])
+    if values is None:
+        values = []
+        for text, off in _list_elements(body, start, end):
+            try:
+                values.append(_element(ttype.dtype, text))
+            except ValueError as e:
+                raise _fail_at(body, str(e), off) from None
+    if len(values) != ttype.numel:
+        raise _fail_at(body, f"tensor<{ttype.dtype}, {list(shape)}> literal has {len(values)} elements; "
+                             f"expected {ttype.numel}")
+    return Literal(ttype, _array(ttype.dtype, values, shape))
+
+
+def _blob_ref(ttype: TensorType, tok: Token, kwargs: dict) -> BlobRef:
+    path, offset = kwargs.get("path"), kwargs.get("offset")
+    if set(kwargs) != {"path", "offset"}:
+        raise _fail_at(tok, f"BLOBFILE takes path and offset; found {', '.join(sorted(kwargs)) or 'nothing'}")
+    if not (isinstance(path, Literal) and isinstance(path.value, str)):
+        raise _fail_at(tok, "BLOBFILE path must be a string literal such as string(\"@model_path/weights/w.bin\")")
+    if not (isinstance(offset, Literal) and offset.type.is_scalar and offset.type.dtype.startswith(("uint", "int"))):
+        raise _fail_at(tok, "BLOBFILE offset must be an integer literal such as uint64(64)")
+    return BlobRef(ttype, path.value, int(offset.value))
+
+
+# --------------------------------------------------------------------------- grammar callbacks
+
+
+class _Build(Transformer):
+    """Builds the Program while LALR reduces; each method is one grammar rule."""
+
+    def start(self, c):
+        version, rest = c[0], c[1:]
+        if not _VERSION.fullmatch(str(version)):
+            raise _fail_at(version, f"expected a program version such as 1.3 or 1.0, found '{version}'")
+        build_info = rest.pop(0)[1] if rest and rest[0][0] == "build_info" else None
+        functions = {}
+        for fn, tok in rest:
+            if fn.name in functions:
+                raise _fail_at(tok, f"function '{fn.name}' is defined twice; expected unique function names")
+            functions[fn.name] = fn
+        return Program(str(version), build_info, functions)
+
+    def build_info(self, c):
+        if c[0] != "buildInfo":
+            raise _fail_at(c[0], f"expected program attribute buildInfo, found '{c[0]}'")
+        for ttype, tok in c[1:3]:
+            if ttype.dtype != "string" or ttype.shape not in (None, ()):
+                raise _fail_at(tok, "expected buildInfo as dict<string, string>")
+        return ("build_info", list(c[3:]))
+
+    def pair(self, c):
+        return (_unquote(c[0]), _unquote(c[1]))
+
+    def function(self, c):
+        name, opset, rest = c[0], c[1], c[2:]
+        inputs = rest.pop(0)[1] if rest and isinstance(rest[0], tuple) and rest[0][0] == "params" else []
+        outputs = rest.pop()[1] if rest and isinstance(rest[-1], tuple) and rest[-1][0] == "names" else []
+        return Function(str(name), str(opset), inputs, list(rest), outputs), name
+
+    def params(self, c):
+        return ("params", [(t, n) for t, n, _ in c])
+
+    def names(self, c):
+        return ("names", [str(n) for n in c])
+
+    def typed_name(self, c):
+        return (c[0][0], str(c[1]), c[1])
+
+    def statement(self, c):
+        results = [(t, n) for t, n, _ in (x for x in c if isinstance(x, tuple) and len(x) == 3)]
+        op = next(x for x in c if isinstance(x, Token))
+        tagged = {x[0]: x[1] for x in c if isinstance(x, tuple) and len(x) == 2}
+        return Statement(results, str(op), tagged.get("kwargs", {}), tagged.get("attrs", {}))
+
+    def attrs(self, c):
+        return ("attrs", c[0][1] if c else {})
+
+    def kwargs(self, c):
+        out = {}
+        for tok, value in c:
+            name = tok[:-1].rstrip()  # a KEY token is the name with its `=`
+            if name in out:
+                raise _fail_at(tok, f"argument '{name}' is given twice; expected each argument once")
+            out[name] = value
+        return ("kwargs", out)
+
+    def kwarg(self, c):
+        return (c[0], c[1])
+
+    def var(self, c):
+        return Var(str(c[0]))
+
+    def tuple(self, c):
+        return tuple(c)
+
+    def scalar_lit(self, c):
+        if len(c) == 2:  # spaced out: NAME "(" scalar ")"
+            return _scalar_literal(_dtype(str(c[0]), c[0]), c[1], str(c[1]), 0)
+        m = _SCALAR_PARTS.match(c[0])  # one SCALAR token: int32(1)
+        return _scalar_literal(_dtype(m.group(1), c[0]), c[0], m.group(2), m.start(2))
+
+    def tensor_lit(self, c):
+        ttype, body = _tensor_type(c[0]), c[1]
+        if isinstance(body, tuple):  # ("blob", kwargs, BLOBFILE token)
+            return _blob_ref(ttype, body[2], body[1])
+        return _tensor_literal(ttype, body)
+
+    def blobfile(self, c):
+        return ("blob", c[1][1], c[0])
+
+    def scalar_type(self, c):
+        return (TensorType(_dtype(str(c[0]), c[0]), None), c[0])
+
+    def tensor_type(self, c):
+        return (_tensor_type(c[0]), c[0])
+
+
+# --------------------------------------------------------------------------- entry point
+
+_lock = threading.Lock()
+_lark: Lark | None = None
+
+
+def _parser() -> Lark:
+    global _lark
+    with _lock:
+        if _lark is None:
+            grammar = (Path(__file__).parent / "mil.lark").read_text()
+            _lark = Lark(grammar, parser="lalr", lexer="contextual", transformer=_Build(), maybe_placeholders=False)
+        return _lark
+
+
+def _describe(terminals, lark: Lark) -> str:
+    shown = set()
+    for name in terminals:
+        if name in _TERMINAL_NAMES:
+            shown.add(_TERMINAL_NAMES[name])
+            continue
+        try:
+            pattern = lark.get_terminal(name).pattern
+        except KeyError:
+            shown.add(name)
+            continue
+        shown.add(f"'{pattern.value}'" if pattern.type == "str" else name)
+    return ", ".join(sorted(shown)) or "nothing"
+
+
+def _syntax_error(e: UnexpectedInput, text: str, source: str) -> MILSyntaxError:
+    lark = _parser()
+    line, column = getattr(e, "line", -1), getattr(e, "column", -1)
+    at_end = False
+    if isinstance(e, UnexpectedCharacters):
+        char = text[e.pos_in_stream]
+        if char == '"' and not _STRING.match(text, e.pos_in_stream):  # STRING stops at a line end
+            return MILSyntaxError("unterminated string; expected a closing '\"' on the same line", line, column, source)
+        found, expected = repr(char), e.allowed
+    elif isinstance(e, (UnexpectedToken, UnexpectedEOF)):
+        tok = getattr(e, "token", None)
+        at_end = tok is None or tok.type == "$END"
+        if not at_end and tok == "<" and text[: tok.start_pos].rstrip().endswith("tensor"):
+            return MILSyntaxError("malformed tensor type; expected tensor<dtype, [d0, d1, ...]>", line, column, source)
+        found, expected = ("end of input" if at_end else repr(str(tok))), e.expected
+    else:  # pragma: no cover - lark has no other kinds today
+        found, expected = "input", ()
+    if at_end or line is None or line < 1:  # lark places end of input at the last token
+        line, column = text.count("\n") + 1, len(text) - text.rfind("\n")
+    return MILSyntaxError(f"unexpected {found}; expected {_describe(expected, lark)}", line, column, source)
+
+
+def parse(text: str, source: str = "model.mil") -> Program:
+    """Parse MIL text into a Program; raise MILSyntaxError with line and column on bad input."""
+    lark = _parser()
+    try:
+        return lark.parse(text)
+    except _Fail as e:
+        raise MILSyntaxError(e.message, e.line, e.column, source) from None
+    except UnexpectedInput as e:
+        raise _syntax_error(e, text, source) from None

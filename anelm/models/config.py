@@ -1,0 +1,217 @@
+"""Model configs: one frozen dataclass per architecture, fields named as in HF `config.json`.
+
+`from_dict` drops keys we do not use (HF configs carry dozens), `__post_init__` derives the
+defaults HF derives (kv heads = heads, head_dim = hidden / heads) and rejects sizes the
+architecture cannot run. `to_dict` writes a `config.json` that `transformers` reads back.
+Every config answers the same questions under the Llama names (`hidden_size`, `head_dim`...),
+so generic code (runners, the device pipeline) never branches on the architecture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from .errors import ConfigError
+
+# rope_type -> the keys its scaling needs (HF `rope_parameters`); "default" needs none.
+ROPE_TYPES = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    model_type: ClassVar[str] = ""
+    architecture: ClassVar[str] = ""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BaseConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model_type": self.model_type, "architectures": [self.architecture], **dataclasses.asdict(self)}
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """HF allows one EOS id or a list of them (Llama 3 has three)."""
+        e = getattr(self, "eos_token_id", None)
+        if e is None:
+            return ()
+        return tuple(int(i) for i in e) if isinstance(e, (list, tuple)) else (int(e),)
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # frozen: only __post_init__ derives fields
+
+    def _fail(self, what: str) -> ConfigError:
+        return ConfigError(f"{self.model_type} config: {what}")
+
+    def _require_positive(self, *names: str) -> None:
+        for n in names:
+            v = getattr(self, n)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise self._fail(f"{n} must be a positive integer, got {v!r}")
+
+    def _require_divisible(self, a: str, b: str) -> None:
+        if getattr(self, a) % getattr(self, b):
+            raise self._fail(f"{a} ({getattr(self, a)}) must be divisible by {b} ({getattr(self, b)})")
+
+
+@dataclass(frozen=True)
+class LlamaConfig(BaseConfig):
+    model_type: ClassVar[str] = "llama"
+    architecture: ClassVar[str] = "LlamaForCausalLM"
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None  # None: one KV head per query head (MHA)
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # HF rope_parameters without rope_theta; None = plain RoPE
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        # transformers 5 nests rope_theta in `rope_parameters`; 4.x has it top level and
+        # the scaling in `rope_scaling`. Both spellings arrive here.
+        d = dict(d)
+        rp = d.get("rope_parameters") or d.get("rope_scaling")
+        if isinstance(rp, dict):
+            rp = dict(rp)
+            d["rope_theta"] = rp.pop("rope_theta", d.get("rope_theta", cls.rope_theta))
+            kind = rp.get("rope_type", rp.get("type", "default"))
+            d["rope_scaling"] = None if kind == "default" else rp
+        return super().from_dict(d)
+
+    def __post_init__(self):
+        self._require_positive("num_attention_heads", "hidden_size")
+        if self.num_key_value_heads is None:
+            self._set("num_key_value_heads", self.num_attention_heads)
+        if self.head_dim is None:
+            self._require_divisible("hidden_size", "num_attention_heads")
+            self._set("head_dim", self.hidden_size // self.num_attention_heads)
+        self._require_positive("vocab_size", "intermediate_size", "num_hidden_layers",
+                               "num_key_value_heads", "head_dim", "max_position_embeddings")
+        self._require_divisible("num_attention_heads", "num_key_value_heads")
+        if self.head_dim % 2:
+            raise self._fail(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
+            raise self._fail(f"rms_norm_eps and rope_theta must be > 0, got {self.rms_norm_eps}, {self.rope_theta}")
+        if self.hidden_act != "silu":
+            raise self._fail(f"hidden_act must be 'silu', got {self.hidden_act!r}")
+        self._check_rope_scaling()
+
+    def _check_rope_scaling(self) -> None:
+        if self.rope_scaling is None:
+            return
+        kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+        if kind not in ROPE_TYPES:
+            raise self._fail(f"unsupported rope_type {kind!r}: expected one of {', '.join(ROPE_TYPES)}")
+        missing = [k for k in ROPE_TYPES[kind] if k not in self.rope_scaling]
+        if missing:
+            raise self._fail(f"rope_type {kind!r} needs {', '.join(missing)}")
+
+    @property
+    def rope_type(self) -> str:
+        rs = self.rope_scaling or {}
+        return rs.get("rope_type", rs.get("type", "default"))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        # transformers 5 reads `rope_parameters`, 4.x the top-level `rope_theta`: write both.
+        d["rope_parameters"] = {**(d.pop("rope_scaling") or {}), "rope_type": self.rope_type,
+                                "rope_theta": self.rope_theta}
+        return d
+
+
+@dataclass(frozen=True)
+class Qwen3Config(LlamaConfig):
+    """Llama plus RMSNorm on each query and key head; head_dim is set, not derived."""
+
+    model_type: ClassVar[str] = "qwen3"
+    architecture: ClassVar[str] = "Qwen3ForCausalLM"
+    vocab_size: int = 151936
+    intermediate_size: int = 22016
+    head_dim: int | None = 128  # HF's default: Qwen3 decouples head_dim from hidden / heads
+    max_position_embeddings: int = 32768
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    use_sliding_window: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.use_sliding_window:
+            raise self._fail("use_sliding_window is not supported: expected false")
+
+
+@dataclass(frozen=True)
+class GPT2Config(BaseConfig):
+    model_type: ClassVar[str] = "gpt2"
+    architecture: ClassVar[str] = "GPT2LMHeadModel"
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: int | None = None  # None: 4 * n_embd
+    activation_function: str = "gelu_new"  # the tanh form of GELU
+    layer_norm_epsilon: float = 1e-5
+    scale_attn_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = 50256
+    eos_token_id: int | list[int] | None = 50256
+
+    def __post_init__(self):
+        self._require_positive("n_embd", "n_head")
+        if self.n_inner is None:
+            self._set("n_inner", 4 * self.n_embd)
+        self._require_positive("vocab_size", "n_positions", "n_layer", "n_inner")
+        self._require_divisible("n_embd", "n_head")
+        if self.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise self._fail(f"activation_function must be the tanh GELU ('gelu_new'), "
+                             f"got {self.activation_function!r}")
+        if not self.layer_norm_epsilon > 0:
+            raise self._fail(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon}")
+
+    # The Llama names, so code that sizes caches and kernels reads one vocabulary.
+    hidden_size = property(lambda self: self.n_embd)
+    num_hidden_layers = property(lambda self: self.n_layer)
+    num_attention_heads = property(lambda self: self.n_head)
+    num_key_value_heads = property(lambda self: self.n_head)
+    head_dim = property(lambda self: self.n_embd // self.n_head)
+    intermediate_size = property(lambda self: self.n_inner)
+    max_position_embeddings = property(lambda self: self.n_positions)
+
+
+ModelConfig = LlamaConfig | Qwen3Config | GPT2Config
+
+CONFIGS: dict[str, type] = {"gpt2": GPT2Config, "llama": LlamaConfig, "qwen3": Qwen3Config}
+
+
+def config_class(model_type: Any, source: str = "config") -> type:
+    if model_type not in CONFIGS:
+        raise ConfigError(f"unsupported model_type {model_type!r} in {source}: "
+                          f"expected one of {', '.join(sorted(CONFIGS))}")
+    return CONFIGS[model_type]
+
+
+def config_from_dict(d: dict[str, Any], source: str = "config") -> ModelConfig:
+    """The config for `d["model_type"]`; unknown keys (training args, HF extras) are ignored."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(d).__name__}")
+    return config_class(d.get("model_type"), source).from_dict(d)
+

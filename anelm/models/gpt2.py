@@ -1,0 +1,100 @@
+"""GPT-2: LayerNorm, learned positions, fused QKV, GELU (tanh form), head tied to the embedding.
+
+Weights use HF's `GPT2LMHeadModel` names. HF stores GPT-2's projections as `Conv1D` with
+weights [in, out]; `sanitize` turns them to [out, in] like every other linear here, so the
+device pipeline sees one orientation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import CausalLM
+from .config import GPT2Config
+from .layers import attention, gelu_tanh, layer_norm, linear, split_heads
+
+Config = GPT2Config
+CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # stored [in, out] by HF
+
+
+def expected_shapes(c: GPT2Config) -> dict[str, tuple[int, ...]]:
+    d, f = c.n_embd, c.n_inner
+    shapes = {"transformer.wte.weight": (c.vocab_size, d), "transformer.wpe.weight": (c.n_positions, d)}
+    for i in range(c.n_layer):
+        p = f"transformer.h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            shapes[p + ln + ".weight"] = shapes[p + ln + ".bias"] = (d,)
+        for name, (n_out, n_in) in zip(CONV1D, ((3 * d, d), (d, d), (f, d), (d, f))):
+            shapes[p + name + ".weight"], shapes[p + name + ".bias"] = (n_out, n_in), (n_out,)
+    shapes["transformer.ln_f.weight"] = shapes["transformer.ln_f.bias"] = (d,)
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, d)
+    return shapes
+
+
+def sanitize(weights: dict[str, np.ndarray], config: GPT2Config) -> dict[str, np.ndarray]:
+    """HF checkpoint -> our names and orientation: `transformer.` prefix (OpenAI's files lack
+    it), no causal-mask buffers (`attn.bias`, `attn.masked_bias`), Conv1D weights as [out, in]."""
+    out = {}
+    for k, v in weights.items():
+        if not k.startswith(("transformer.", "lm_head.")):
+            k = "transformer." + k
+        if k.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        if k.endswith(".weight") and k.removesuffix(".weight").endswith(CONV1D) and np.ndim(v) == 2:
+            v = np.asarray(v).T
+        out[k] = v
+    if config.tie_word_embeddings:
+        out.pop("lm_head.weight", None)
+    return out
+
+
+class Model(CausalLM):
+    expected_shapes = staticmethod(expected_shapes)
+
+    def __init__(self, config: GPT2Config, weights: dict[str, np.ndarray]):
+        super().__init__(config, weights)
+        self.base_scale = 1.0 / math.sqrt(config.head_dim) if config.scale_attn_weights else 1.0
+
+    def _lin(self, name: str, x: np.ndarray) -> np.ndarray:
+        return linear(x, self.weights[name + ".weight"], self.weights[name + ".bias"])
+
+    def _ln(self, name: str, x: np.ndarray) -> np.ndarray:
+        return layer_norm(x, self.weights[name + ".weight"], self.weights[name + ".bias"],
+                          self.config.layer_norm_epsilon)
+
+    def embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        return self.weights["transformer.wte.weight"][ids] + self.weights["transformer.wpe.weight"][pos]
+
+    def qkv(self, i: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Normed hidden [T, C] -> q, k, v each [H, T, hd]."""
+        q, k, v = np.split(self._lin(f"transformer.h.{i}.attn.c_attn", h), 3, axis=-1)  # 3 x [T, C]
+        n = self.config.n_head
+        return split_heads(q, n), split_heads(k, n), split_heads(v, n)
+
+    def attend(self, i: int, h: np.ndarray, cache) -> np.ndarray:
+        q, k, v = self.qkv(i, h)
+        scale = self.base_scale / (i + 1) if self.config.scale_attn_by_inverse_layer_idx else self.base_scale
+        start = cache.length
+        k_all, v_all = cache.store(i, k, v)
+        return self._lin(f"transformer.h.{i}.attn.c_proj", attention(q, k_all, v_all, start, scale))
+
+    def mlp(self, i: int, h: np.ndarray) -> np.ndarray:
+        p = f"transformer.h.{i}.mlp."
+        return self._lin(p + "c_proj", gelu_tanh(self._lin(p + "c_fc", h)))
+
+    def block(self, i: int, x: np.ndarray, pos: np.ndarray, cache) -> np.ndarray:
+        p = f"transformer.h.{i}."
+        x = x + self.attend(i, self._ln(p + "ln_1", x), cache)
+        return x + self.mlp(i, self._ln(p + "ln_2", x))
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        w = self.weights
+        return linear(self._ln("transformer.ln_f", x),
+                      w["transformer.wte.weight" if self.config.tie_word_embeddings else "lm_head.weight"])
+
+
+def build(config: GPT2Config, weights: dict[str, np.ndarray]) -> Model:
+    return Model(config, weights)

@@ -1,0 +1,146 @@
+"""`load_model(path)`: an HF folder, a RUN folder, one checkpoint file or a llama2.c `.bin`.
+
+Every route ends the same way: the architecture's `sanitize` maps the checkpoint's keys and
+orientation to ours, and `check_weights` names any missing key or wrong shape. The model
+class comes from the module named by `model_type` (`anelm/models/<model_type>.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import struct
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from .base import CausalLM, check_weights
+from .config import ModelConfig, config_class, config_from_dict
+from .errors import LoadError
+from .llama2c import read_llama2c
+from .tokenizer import Tokenizer, find_tokenizer, load_tokenizer
+
+KINDS = "an HF folder, a RUN folder or a llama2.c .bin"
+STEP_FILE = re.compile(r"step-(\d+)\.safetensors")
+
+
+def architecture(model_type: str) -> ModuleType:
+    """The module that implements `model_type`: exports Config, Model, sanitize, expected_shapes."""
+    config_class(model_type)  # one-line error for a type we do not support
+    return importlib.import_module(f"anelm.models.{model_type}")
+
+
+def build_model(config: ModelConfig, weights: dict[str, np.ndarray]) -> CausalLM:
+    """The CPU reference model (a Runner) for sanitized weights."""
+    return architecture(config.model_type).Model(config, weights)
+
+
+def load_model(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None
+               ) -> tuple[ModelConfig, dict[str, np.ndarray], Tokenizer | None]:
+    """(config, float32 weights under HF names after `sanitize`, tokenizer or None).
+
+    The tokenizer is `tokenizer` when given, else the one in the model's folder (for a
+    llama2.c `.bin`, a `tokenizer.bin` or `tokenizer.model` beside it).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise LoadError(f"model not found: {p}: expected {KINDS}")
+    if p.is_dir():
+        (config, raw), tok_dir = _read_folder(p), p
+    elif p.suffix == ".bin":
+        (config, raw), tok_dir = read_llama2c(p), p.parent
+    elif p.suffix == ".safetensors":
+        tok_dir = p.parent.parent if p.parent.name == "checkpoints" else p.parent
+        config = read_config(tok_dir)
+        raw = read_safetensors([p], set(architecture(config.model_type).expected_shapes(config)))
+    else:
+        raise LoadError(f"cannot read model file {p}: expected {KINDS}")
+    arch = architecture(config.model_type)
+    weights = check_weights(arch.sanitize(raw, config), arch.expected_shapes(config), str(p))
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else find_tokenizer(tok_dir)
+    return config, weights, tok
+
+
+def read_config(folder: Path) -> ModelConfig:
+    f = folder / "config.json"
+    if not f.is_file():
+        raise LoadError(f"no config.json in {folder}: expected {KINDS}")
+    try:
+        d = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LoadError(f"{f}: not valid JSON ({e})") from None
+    return config_from_dict(d, str(f))
+
+
+def latest_checkpoint(run: Path) -> Path | None:
+    """The highest-step `checkpoints/step-N.safetensors` of a RUN folder (temp files ignored)."""
+    steps = [(int(m.group(1)), f) for f in (run / "checkpoints").glob("step-*.safetensors")
+             if (m := STEP_FILE.fullmatch(f.name))]
+    return max(steps)[1] if steps else None
+
+
+def _read_folder(d: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    config = read_config(d)
+    ckpt = latest_checkpoint(d)
+    if ckpt is not None:
+        # A training checkpoint also holds optimizer state: read only the model's tensors.
+        return config, read_safetensors([ckpt], set(architecture(config.model_type).expected_shapes(config)))
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        return config, read_safetensors(_shards(index))
+    if (d / "model.safetensors").is_file():
+        return config, read_safetensors([d / "model.safetensors"])
+    other = [f.name for f in d.glob("*.bin")] + [f.name for f in d.glob("*.pt*")]
+    found = f" (found {', '.join(sorted(other))}; only safetensors are read)" if other else ""
+    raise LoadError(f"no weights in {d}: expected model.safetensors, model.safetensors.index.json "
+                    f"or checkpoints/step-*.safetensors{found}")
+
+
+def _shards(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise LoadError(f"{index}: expected a JSON object with a weight_map ({e})") from None
+    files = [index.parent / name for name in sorted(set(weight_map.values()))]
+    for f in files:
+        if not f.is_file():
+            raise LoadError(f"{index}: shard {f.name} is missing")
+    return files
+
+
+def read_safetensors(files: list[Path], names: set[str] | None = None) -> dict[str, np.ndarray]:
+    """Tensors of `files` (only `names` when given) as numpy; bf16 widened to float32."""
+    from safetensors import SafetensorError, safe_open
+
+    out: dict[str, np.ndarray] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="numpy") as st:
+                keys = [k for k in st.keys() if names is None or k in names]
+                bf16 = [k for k in keys if st.get_slice(k).get_dtype() == "BF16"]
+                out.update({k: st.get_tensor(k) for k in keys if k not in bf16})
+            out.update(_read_bf16(f, bf16))
+        except (SafetensorError, OSError, ValueError) as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise LoadError(f"{f}: not a readable safetensors file ({msg})") from None
+    return out
+
+
+def _read_bf16(path: Path, keys: list[str]) -> dict[str, np.ndarray]:
+    # numpy has no bfloat16: read the raw bytes (u64 header length, JSON header, data) and
+    # widen, since a bf16 value is the top half of the float32 with the same bits.
+    if not keys:
+        return {}
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+        out = {}
+        for k in keys:
+            start, end = header[k]["data_offsets"]
+            fh.seek(8 + n + start)
+            raw = np.frombuffer(fh.read(end - start), dtype="<u2")
+            out[k] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(header[k]["shape"])
+    return out

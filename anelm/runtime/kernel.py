@@ -1,0 +1,181 @@
+"""Kernel: an Artifact on a Device, numpy arrays in and out.
+
+    k = Kernel(artifact, device)          # compiled through the program cache
+    out = k(x=x)                          # or k.run({"x": x}) -> {"y": array}
+    req = k.request()                     # own input surfaces, shared output surfaces
+    req.write("x", w, columns=slice(S, S + OC))   # pre-stage weights once
+    out = req.run(x=act)                  # ...or only the activation columns each time
+    k.close()
+
+Surfaces follow the device's profile: every surface of one direction gets the same allocation
+size (at least `min_surface_bytes`), data is packed at offset 0, and surfaces bind in the
+profile's order (alphabetical by MIL name in `strict`).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..device.base import Device, Surface
+from ..errors import ShapeError
+from ..mil.program import storage_dtype
+from .cache import ProgramCache, program_cache
+
+
+def _ordered(specs: list, alphabetical: bool) -> list:
+    return sorted(specs, key=lambda s: s.name) if alphabetical else list(specs)
+
+
+def _sizes(specs: list, uniform: bool, minimum: int) -> list[int]:
+    """Allocation per surface: the signature's, raised to the tensor and the device minimum."""
+    sizes = [max(s.surface_bytes, s.nbytes, minimum) for s in specs]
+    return [max(sizes)] * len(sizes) if uniform and sizes else sizes
+
+
+def _as_input(spec, array) -> np.ndarray:
+    a = np.asarray(array)
+    if a.shape != tuple(spec.shape):
+        raise ShapeError(f"input '{spec.name}': expected shape {list(spec.shape)}, got {list(a.shape)}")
+    return np.ascontiguousarray(a, dtype=storage_dtype(spec.dtype))
+
+
+class Kernel:
+    """A compiled program with its surfaces; callable with numpy arrays."""
+
+    def __init__(self, artifact, device: Device, cache: ProgramCache | None = None):
+        self.artifact, self.device = artifact, device
+        self._cache = cache if cache is not None else program_cache()
+        p = device.profile
+        sig = artifact.signature
+        self.inputs = _ordered(sig.inputs, p.bind_inputs_alphabetically)  # binding order
+        self.outputs = _ordered(sig.outputs, p.bind_outputs_alphabetically)
+        self._declared_outputs = [s.name for s in sig.outputs]
+        meta = getattr(artifact, "meta", None) or {}
+        # io_naming may have prefixed MIL names for binding order; callers keep their names
+        self._user = dict(meta.get("aliases", {}))  # mil name -> user name
+        self._mil = {u: m for m, u in self._user.items()}
+        self._concat = dict(meta.get("concat_outputs", {}))  # rebuilt here on the CPU
+        self._in_sizes = _sizes(self.inputs, p.uniform_input_sizes, p.min_surface_bytes)
+        out_sizes = _sizes(self.outputs, p.uniform_output_sizes, p.min_surface_bytes)
+        self.model = self._cache.acquire(artifact, device)
+        self._out_surfaces = [device.new_surface(n) for n in out_sizes]  # shared by every request
+        self._lock = threading.Lock()
+        self._requests: list[Request] = []
+        self._default: Request | None = None
+        self.closed = False
+
+    def request(self) -> "Request":
+        """A request with its own input surfaces (outputs are shared across requests)."""
+        self._check_open()
+        req = Request(self, [self.device.new_surface(n) for n in self._in_sizes])
+        self._requests.append(req)
+        return req
+
+    def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every input by MIL name -> every output by returned name (declared dtype and shape)."""
+        names = {self._user.get(s.name, s.name) for s in self.inputs}
+        missing = sorted(names - {self._user.get(k, k) for k in arrays})
+        if missing:
+            raise ShapeError(f"kernel inputs: missing {missing}; expected names {sorted(names)}")
+        if self._default is None:
+            self._default = self.request()
+        return self._default.run(**arrays)
+
+    def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
+        return self.run(arrays)
+
+    def _evaluate(self, in_surfaces: list[Surface]) -> dict[str, np.ndarray]:
+        with self._lock:  # output surfaces are shared: evaluate and read back as one step
+            self.device.evaluate(self.model, in_surfaces, self._out_surfaces)
+            got = {}
+            for spec, s in zip(self.outputs, self._out_surfaces):
+                raw = s.read(spec.nbytes)
+                got[spec.name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape)
+        out = {self._user.get(n, n): got[n] for n in self._declared_outputs}
+        for name, how in self._concat.items():  # strict rejects concat: join the parts here
+            out[name] = np.concatenate([out.pop(part) for part in how["parts"]], axis=how["axis"])
+        return out
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ShapeError("kernel is closed; expected a live Kernel")
+
+    def close(self) -> None:
+        """Release the surfaces and unpin the program (it stays cached until evicted)."""
+        if self.closed:
+            return
+        self.closed = True
+        for req in self._requests:
+            req.close()
+        for s in self._out_surfaces:
+            s.release()
+        self._cache.release(self.model)
+
+    def __enter__(self) -> "Kernel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Request:
+    """Input surfaces of one request; inputs written once stay staged across runs."""
+
+    def __init__(self, kernel: Kernel, surfaces: list[Surface]):
+        self.kernel = kernel
+        self.surfaces = surfaces
+        self._specs = {s.name: (i, s) for i, s in enumerate(kernel.inputs)}
+        self._mirror: dict[str, np.ndarray] = {}  # host copies of inputs written by columns
+        self._dirty: set[str] = set()
+
+    def write(self, name: str, array: np.ndarray, columns: slice | None = None) -> None:
+        """Write input `name` whole, or only `columns` of its last (spatial) axis.
+
+        With channel-major `[1, C, 1, S]` layout, columns [a, b) of every channel row are
+        the elements c*S + a .. c*S + b: the dynamic-weight packing stages a weight there once.
+        """
+        name = self.kernel._mil.get(name, name)
+        i, spec = self._spec(name)
+        if columns is None:
+            a = _as_input(spec, array)
+            self.surfaces[i].write(a)
+            if name in self._mirror:
+                self._mirror[name][...] = a
+            return
+        host = self._host(name, spec)
+        target = host[..., columns]
+        a = np.asarray(array)
+        if a.shape != target.shape and a.shape != tuple(d for d in target.shape if d != 1):
+            raise ShapeError(f"input '{name}' columns {columns.start}:{columns.stop}: expected shape "
+                             f"{list(target.shape)}, got {list(a.shape)}")
+        host[..., columns] = a.reshape(target.shape)
+        self._dirty.add(name)
+
+    def run(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
+        """Write the given inputs whole (others keep what was staged), evaluate, read outputs."""
+        self.kernel._check_open()
+        for name, a in arrays.items():
+            self.write(name, a)
+        for name in self._dirty:
+            self.surfaces[self._specs[name][0]].write(self._mirror[name])
+        self._dirty.clear()
+        return self.kernel._evaluate(self.surfaces)
+
+    def close(self) -> None:
+        for s in self.surfaces:
+            s.release()
+        self._mirror.clear()
+
+    def _spec(self, name: str):
+        if name not in self._specs:
+            raise ShapeError(f"kernel has no input '{name}'; expected one of {sorted(self._specs)}")
+        return self._specs[name]
+
+    def _host(self, name: str, spec) -> np.ndarray:
+        if name not in self._mirror:
+            i = self._specs[name][0]
+            raw = self.surfaces[i].read(spec.nbytes)  # what was staged so far
+            self._mirror[name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape).copy()
+        return self._mirror[name]

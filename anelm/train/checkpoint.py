@@ -1,0 +1,223 @@
+"""Checkpoints: `RUN/checkpoints/step-000123.safetensors` (CONTRACTS §4).
+
+One safetensors file holds the weights under their HF names, the AdamW moments under
+`optimizer.exp_avg.<name>` / `optimizer.exp_avg_sq.<name>`, and as metadata (JSON strings)
+the config, the step, the AdamW step and hyperparameters, the loss-scale state, the RNG state
+and the data position, so `--resume` continues exactly.
+
+Writes are atomic: a temp file in the same folder, fsync, `os.replace`, fsync of the folder.
+A crash at any moment leaves the previous checkpoints intact, and `latest_checkpoint` never
+sees a half-written file. The file is streamed tensor by tensor (safetensors layout: u64
+header size, JSON header, packed data), so saving a model never holds a second copy of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import CheckpointError
+
+FORMAT = "anelm.checkpoint/1"
+OPT_PREFIX = "optimizer."
+_NAME = re.compile(r"step-(\d+)\.safetensors")
+_DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int64": "I64", "int32": "I32",
+           "uint32": "U32", "uint16": "U16", "uint8": "U8", "int8": "I8"}
+# config keys that fix tensor shapes or meaning; a checkpoint must agree on all of them
+SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")
+
+
+@dataclass
+class Checkpoint:
+    step: int                                   # optimizer steps completed
+    config: dict                                # HF config.json fields (+ training args)
+    weights: dict[str, np.ndarray]              # HF names, PyTorch orientation
+    optimizer: dict[str, np.ndarray] = field(default_factory=dict)  # AdamW.state_dict()[0]
+    optimizer_state: dict = field(default_factory=dict)             # AdamW.state_dict()[1]
+    scaler: dict = field(default_factory=dict)  # loss scaler state_dict()
+    rng: dict = field(default_factory=dict)     # e.g. {"data": Batcher.state_dict()["rng"]}
+    data: dict = field(default_factory=dict)    # data position, e.g. {"drawn": 123}
+    extra: dict = field(default_factory=dict)   # anything else the trainer wants back
+
+
+def checkpoint_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step-{step:06d}.safetensors"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint, oldest first (temp files are not matched)."""
+    d = Path(run_dir) / "checkpoints"
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.fullmatch(p.name))]
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The checkpoint with the highest step, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+# ------------------------------------------------------------------------------ saving
+
+def save_checkpoint(run_dir: str | Path, ckpt: Checkpoint, keep_last: int | None = 3) -> Path:
+    """Write `ckpt` atomically, then delete all but the newest `keep_last` (None/0: keep all)."""
+    path = checkpoint_path(run_dir, ckpt.step)
+    tensors = dict(ckpt.weights)
+    for name, arr in ckpt.optimizer.items():
+        tensors[OPT_PREFIX + name] = arr
+    meta = {"format": FORMAT, "step": str(ckpt.step), "config": json.dumps(ckpt.config),
+            "optimizer": json.dumps(ckpt.optimizer_state), "scaler": json.dumps(ckpt.scaler),
+            "rng": json.dumps(ckpt.rng), "data": json.dumps(ckpt.data),
+            "extra": json.dumps(ckpt.extra)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(path.parent)
+        _atomic_write(path, tensors, meta)
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}; "
+                              "expected a writable run folder") from None
+    if keep_last:
+        for _, old in list_checkpoints(run_dir)[:-keep_last]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def _remove_stale_temps(d: Path) -> None:
+    # a process killed mid-write leaves its temp file behind; only ours match this pattern
+    for p in d.glob(".step-*.tmp"):
+        p.unlink(missing_ok=True)
+
+
+def _atomic_write(path: Path, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _write_safetensors(f, tensors, meta)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    # makes the rename itself durable; some filesystems refuse fsync on a directory
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_safetensors(f, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+    header: dict = {"__metadata__": meta}
+    arrays, offset = [], 0
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        if a.dtype.name not in _DTYPES:
+            raise CheckpointError(f"tensor {name}: expected one of {sorted(_DTYPES)}, got {a.dtype}")
+        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        header[name] = {"dtype": _DTYPES[a.dtype.name], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        arrays.append(a)
+        offset += a.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # data starts 8-aligned, as the safetensors writer does
+    f.write(len(blob).to_bytes(8, "little"))
+    f.write(blob)
+    for a in arrays:
+        _write_array(f, a)
+
+
+def _write_array(f, a: np.ndarray) -> None:
+    if a.nbytes:
+        f.write(memoryview(a.reshape(-1)).cast("B"))
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_checkpoint(path: str | Path, config: dict | None = None,
+                    shapes: dict[str, tuple] | None = None) -> Checkpoint:
+    """Read a checkpoint; with `config` / `shapes`, refuse one made for another model."""
+    path = Path(path)
+    meta, tensors = _read_safetensors(path)
+    try:
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}")
+        ck = Checkpoint(step=int(meta["step"]), config=json.loads(meta["config"]), weights={},
+                        optimizer_state=json.loads(meta["optimizer"]),
+                        scaler=json.loads(meta["scaler"]), rng=json.loads(meta["rng"]),
+                        data=json.loads(meta["data"]), extra=json.loads(meta["extra"]))
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} has bad metadata ({e}); "
+                              f"expected a {FORMAT} file written by anelm train") from None
+    for name, a in tensors.items():
+        if name.startswith(OPT_PREFIX):
+            ck.optimizer[name[len(OPT_PREFIX):]] = a
+        else:
+            ck.weights[name] = a
+    if config is not None:
+        _check_config(path, ck.config, config)
+    if shapes is not None:
+        _check_shapes(path, ck.weights, shapes)
+    return ck
+
+
+def read_weights(path: str | Path) -> dict[str, np.ndarray]:
+    """Only the model weights of a checkpoint (for export and generate)."""
+    _, tensors = _read_safetensors(Path(path), weights_only=True)
+    return tensors
+
+
+def _read_safetensors(path: Path, weights_only: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()
+                       if not (weights_only and k.startswith(OPT_PREFIX))}  # optimizer: 2× the size
+    except Exception as e:  # SafetensorError and friends: truncated, garbage, bad header
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} is corrupt ({first}); "
+                              "expected a safetensors file written by anelm train") from None
+    return meta, tensors
+
+
+def _check_config(path: Path, got: dict, want: dict) -> None:
+    # keys only one side spells out are left to the shape check (they have defaults)
+    for key in SHAPE_KEYS:
+        if key in got and key in want:
+            if got[key] != want[key]:
+                raise CheckpointError(f"checkpoint {path} has {key}={got.get(key)!r} but the model "
+                                      f"has {key}={want.get(key)!r}; expected the same model config")
+
+
+def _check_shapes(path: Path, weights: dict[str, np.ndarray], shapes: dict[str, tuple]) -> None:
+    missing = sorted(set(shapes) - set(weights))
+    extra = sorted(set(weights) - set(shapes))
+    if missing or extra:
+        what = f"lacks {missing[0]}" if missing else f"has unexpected tensor {extra[0]}"
+        raise CheckpointError(f"checkpoint {path} {what}; expected the model's {len(shapes)} weights")
+    for name, shape in shapes.items():
+        if tuple(weights[name].shape) != tuple(shape):
+            raise CheckpointError(f"checkpoint {path}: {name} has shape {list(weights[name].shape)}, "
+                                  f"expected {list(shape)}")

@@ -1,0 +1,327 @@
+"""The CPU half of a training step: norms, activations, RoPE, GQA, embedding, loss, dW.
+
+Layout: every activation is channel-first `[C, S]`, float32, C-contiguous, which is the device's
+`[1, C, 1, S]` surface without the unit axes, so nothing is transposed at the device boundary.
+S is the number of positions in the step: one sequence, or B sequences side by side (B·S
+columns; RoPE then takes the per-column positions). Weights keep PyTorch's orientation:
+a linear weight is `[out, in]`, an embedding table `[V, D]`, a norm weight `[C]`.
+
+Semantics are Hugging Face's Llama/Qwen3 (half-split rotate_half RoPE, plain residuals), not
+maderix's interleaved RoPE or α-scaled residuals. Each op has a `*_flops` counter for the
+metrics' `cpu_flops`: matmuls count 2·m·n·k, elementwise work counts one per arithmetic op
+(exp, sqrt and division count one each, as the references do).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError
+
+F32 = np.float32
+FP16_MAX = 65504.0
+
+
+def _check_2d(name: str, x: np.ndarray, channels: int | None = None) -> None:
+    if x.ndim != 2 or (channels is not None and x.shape[0] != channels):
+        want = f"[{channels}, S]" if channels is not None else "[C, S]"
+        raise ShapeError(f"{name}: expected a channel-first {want} array, got shape {list(x.shape)}")
+
+
+# ---------------------------------------------------------------- RMSNorm (over channels)
+
+def rmsnorm_fwd(x: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """y = x · rrms · w per column. x `[C, S]`, w `[C]` → (y `[C, S]`, rrms `[S]` kept for bwd)."""
+    _check_2d("rmsnorm input", x, w.shape[0])
+    # mean over channels in float32, as HF does even for fp16 models
+    rrms = (F32(1.0) / np.sqrt(np.mean(x * x, axis=0) + F32(eps))).astype(F32)
+    return x * rrms * w[:, None], rrms
+
+
+def rmsnorm_bwd(dy: np.ndarray, x: np.ndarray, w: np.ndarray,
+                rrms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of `rmsnorm_fwd`. dy, x `[C, S]` → (dx `[C, S]`, dw `[C]`).
+
+    With x̂ = x·rrms and g = dy·w: dx = rrms·(g − x̂·mean_c(g·x̂)), dw = Σ_t dy·x̂.
+    """
+    _check_2d("rmsnorm grad", dy, x.shape[0])
+    xhat = x * rrms
+    dw = np.einsum("cs,cs->c", dy, xhat)
+    g = dy * w[:, None]
+    m = np.mean(g * xhat, axis=0)
+    return rrms * (g - xhat * m), dw.astype(F32)
+
+
+def rmsnorm_flops(c: int, s: int, backward: bool = False) -> int:
+    return (8 if backward else 4) * c * s + 3 * s
+
+
+# ------------------------------------------- Qwen3 q/k norm: RMSNorm over each head's dims
+
+def head_rmsnorm_fwd(x: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-head RMSNorm of q or k. x `[H·hd, S]` (head h owns rows h·hd…h·hd+hd−1), w `[hd]`
+    shared by all heads → (y `[H·hd, S]`, rrms `[H, 1, S]`)."""
+    hd = w.shape[0]
+    if x.ndim != 2 or x.shape[0] % hd:
+        raise ShapeError(f"head norm: expected [H*{hd}, S], got shape {list(x.shape)}")
+    x3 = x.reshape(-1, hd, x.shape[1])  # (H, hd, S)
+    rrms = (F32(1.0) / np.sqrt(np.mean(x3 * x3, axis=1, keepdims=True) + F32(eps))).astype(F32)
+    return (x3 * rrms * w[None, :, None]).reshape(x.shape), rrms
+
+
+def head_rmsnorm_bwd(dy: np.ndarray, x: np.ndarray, w: np.ndarray,
+                     rrms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of `head_rmsnorm_fwd`: (dx `[H·hd, S]`, dw `[hd]` summed over heads and S)."""
+    hd = w.shape[0]
+    x3 = x.reshape(-1, hd, x.shape[1])    # (H, hd, S)
+    dy3 = dy.reshape(x3.shape)            # (H, hd, S)
+    xhat = x3 * rrms
+    dw = np.einsum("hds,hds->d", dy3, xhat)
+    g = dy3 * w[None, :, None]
+    m = np.mean(g * xhat, axis=1, keepdims=True)
+    return (rrms * (g - xhat * m)).reshape(x.shape), dw.astype(F32)
+
+
+# ------------------------------------------------------------------- SiLU and SwiGLU
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # exp of −x overflows to inf for x < −88, which still gives the right limit 0
+    with np.errstate(over="ignore"):
+        return F32(1.0) / (F32(1.0) + np.exp(-x))
+
+
+def silu_fwd(x: np.ndarray) -> np.ndarray:
+    """silu(x) = x·σ(x), elementwise, any shape."""
+    return x * _sigmoid(x)
+
+
+def silu_bwd(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """d silu/dx = σ(x)·(1 + x·(1 − σ(x))), elementwise."""
+    s = _sigmoid(x)
+    return dy * s * (F32(1.0) + x * (F32(1.0) - s))
+
+
+def swiglu_fwd(h1: np.ndarray, h3: np.ndarray) -> np.ndarray:
+    """gate = silu(h1)·h3. h1 = W1·x (gate_proj), h3 = W3·x (up_proj), both `[H, S]`."""
+    return silu_fwd(h1) * h3
+
+
+def swiglu_bwd(dgate: np.ndarray, h1: np.ndarray, h3: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dh1, dh3) from dgate `[H, S]`: dh1 = dgate·h3·silu'(h1), dh3 = dgate·silu(h1)."""
+    s = _sigmoid(h1)
+    dh3 = dgate * (h1 * s)
+    dh1 = dgate * h3 * s * (F32(1.0) + h1 * (F32(1.0) - s))
+    return dh1, dh3
+
+
+def swiglu_flops(h: int, s: int, backward: bool = False) -> int:
+    return (11 if backward else 6) * h * s
+
+
+# ------------------------------------------------------- RoPE (HF half-split rotate_half)
+
+def rope_tables(head_dim: int, positions: np.ndarray, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin tables `[hd, S]` for the given column positions `[S]`.
+
+    Computed in float32 the way HF does (inv_freq = 1/θ^(2i/hd), angle = p·inv_freq), with
+    each frequency repeated in both halves: row i and row i + hd/2 hold the same angle.
+    """
+    if head_dim % 2:
+        raise ShapeError(f"rope: expected an even head_dim, got {head_dim}")
+    inv_freq = F32(1.0) / (F32(theta) ** (np.arange(0, head_dim, 2, dtype=F32) / F32(head_dim)))
+    ang = inv_freq[:, None] * np.asarray(positions, dtype=F32)[None, :]  # (hd/2, S)
+    ang = np.concatenate([ang, ang], axis=0)                                # (hd, S)
+    return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+
+
+def _rotate_half(x3: np.ndarray) -> np.ndarray:
+    half = x3.shape[1] // 2
+    return np.concatenate([-x3[:, half:], x3[:, :half]], axis=1)
+
+
+def rope_fwd(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """y = x·cos + rotate_half(x)·sin per head. x `[H·hd, S]`, cos/sin `[hd, S]`."""
+    hd = cos.shape[0]
+    if x.ndim != 2 or x.shape[0] % hd or x.shape[1] != cos.shape[1]:
+        raise ShapeError(f"rope: expected [H*{hd}, {cos.shape[1]}], got shape {list(x.shape)}")
+    x3 = x.reshape(-1, hd, x.shape[1])  # (H, hd, S)
+    return (x3 * cos + _rotate_half(x3) * sin).reshape(x.shape)
+
+
+def rope_bwd(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Gradient through RoPE: the transposed rotation, i.e. RoPE by the negated angle.
+
+    dx = dy·cos + Rᵀ(dy·sin), and Rᵀ(v·sin) = −R(v)·sin because sin repeats across halves.
+    """
+    return rope_fwd(dy, cos, -sin)
+
+
+def rope_flops(c: int, s: int) -> int:
+    return 4 * c * s
+
+
+# --------------------------------------------------------------------- GQA head mapping
+
+def gqa_expand(kv: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
+    """K or V `[Hkv·hd, S]` → `[Hq·hd, S]`; query head h reads KV head h // (Hq/Hkv), as HF's
+    repeat_kv (repeat-interleave) does."""
+    n_kv = kv.shape[0] // head_dim
+    if n_kv * head_dim != kv.shape[0] or n_heads % n_kv:
+        raise ShapeError(f"gqa: expected [Hkv*{head_dim}, S] with Hkv dividing {n_heads}, "
+                         f"got shape {list(kv.shape)}")
+    kv4 = kv.reshape(n_kv, 1, head_dim, kv.shape[1])  # (Hkv, 1, hd, S)
+    full = np.broadcast_to(kv4, (n_kv, n_heads // n_kv, head_dim, kv.shape[1]))
+    return full.reshape(n_heads * head_dim, kv.shape[1])  # (Hq·hd, S), a copy
+
+
+def gqa_reduce(dkv_full: np.ndarray, n_kv_heads: int, head_dim: int) -> np.ndarray:
+    """Transpose of `gqa_expand`: `[Hq·hd, S]` → `[Hkv·hd, S]`, summing each group's heads."""
+    s = dkv_full.shape[1]
+    group = dkv_full.shape[0] // (n_kv_heads * head_dim)
+    if group * n_kv_heads * head_dim != dkv_full.shape[0]:
+        raise ShapeError(f"gqa: expected [Hq*{head_dim}, S] with Hq a multiple of {n_kv_heads}, "
+                         f"got shape {list(dkv_full.shape)}")
+    g4 = dkv_full.reshape(n_kv_heads, group, head_dim, s)  # (Hkv, group, hd, S)
+    return g4.sum(axis=1).reshape(n_kv_heads * head_dim, s)
+
+
+def gqa_reduce_flops(n_heads: int, n_kv_heads: int, head_dim: int, s: int) -> int:
+    return (n_heads - n_kv_heads) * head_dim * s
+
+
+# ------------------------------------------------------------------------- embedding
+
+def embed_fwd(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Rows of the `[V, D]` table for ids `[S]`, returned channel-first `[D, S]`."""
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+        raise ShapeError(f"embedding: expected token ids in [0, {table.shape[0]}), "
+                         f"got ids in [{ids.min()}, {ids.max()}]")
+    return np.ascontiguousarray(table[ids].T)
+
+
+def embed_bwd(dx: np.ndarray, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Scatter-add dx `[D, S]` into the table gradient `out` `[V, D]` (in place; returned).
+
+    Repeated ids accumulate. Passing the classifier's dW as `out` gives the summed gradient
+    of tied embeddings. Rows are sorted by id and summed per run with reduceat, then added
+    once per distinct id: np.add.at over rows is ~50× slower.
+    """
+    _check_2d("embedding grad", dx, out.shape[1])
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size == 0:
+        return out
+    order = np.argsort(ids, kind="stable")
+    sid = ids[order]
+    starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])  # first row of each distinct id
+    out[sid[starts]] += np.add.reduceat(dx.T[order], starts, axis=0)  # ids unique: no clash
+    return out
+
+
+def embed_flops(d: int, s: int, backward: bool = False) -> int:
+    return d * s if backward else 0
+
+
+# ------------------------------------------------------ linear maps and weight gradients
+
+def linear_fwd(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """y = W·x: W `[out, in]`, x `[in, S]` → `[out, S]` (a 1×1 conv in device terms)."""
+    return w @ x
+
+
+def linear_dx(w: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """dx = Wᵀ·dy: dy `[out, S]` → `[in, S]`."""
+    return w.T @ dy
+
+
+def dw(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Weight gradient of y = W·x: dW = dy·xᵀ, `[out, in]` like the weight (PyTorch orientation).
+
+    dy `[out, S]`, x `[in, S]`. With `out`, the product is added into it (accumulation over
+    micro-batches) and `out` is returned.
+    """
+    if dy.shape[1] != x.shape[1]:
+        raise ShapeError(f"dW: expected dy and x with the same S, got {list(dy.shape)} and {list(x.shape)}")
+    g = dy @ x.T
+    if out is None:
+        return g
+    out += g
+    return out
+
+
+def matmul_flops(m: int, n: int, k: int) -> int:
+    return 2 * m * n * k
+
+
+# ---------------------------------------------------------------- classifier and loss
+
+def classifier_fwd(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """logits `[V, S]` = W·x for the (tied or untied) output head W `[V, D]`, x `[D, S]`."""
+    return w @ x
+
+
+def classifier_bwd(dlogits: np.ndarray, w: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dx `[D, S]`, dW `[V, D]`). For tied embeddings add `embed_bwd` into this dW."""
+    return w.T @ dlogits, dlogits @ x.T
+
+
+def cross_entropy(logits: np.ndarray, targets: np.ndarray,
+                  scale: float = 1.0) -> tuple[float, np.ndarray]:
+    """Mean cross-entropy over all N positions, and its scaled gradient.
+
+    logits `[V, N]`, targets `[N]` (every position counts; nothing is ignored).
+    Returns (loss, dlogits `[V, N]` = (softmax − onehot)/N · scale). The loss is unscaled;
+    `scale` is the loss scale, applied here once so fp16 gradients stay above underflow.
+    """
+    _check_2d("logits", logits)
+    t = np.asarray(targets).reshape(-1)
+    v, n = logits.shape
+    if t.shape[0] != n or (n and (t.min() < 0 or t.max() >= v)):
+        raise ShapeError(f"cross entropy: expected {n} targets in [0, {v}), got {t.shape[0]}")
+    cols = np.arange(n)
+    mx = logits.max(axis=0)           # (N,)
+    p = logits - mx                   # (V, N), shifted for a stable exp
+    np.exp(p, out=p)
+    z = p.sum(axis=0)                 # (N,)
+    # loss = log z − (logit[t] − max), read from the logits, not from log(softmax)
+    loss = float(np.mean(np.log(z) - (logits[t, cols] - mx), dtype=np.float64))
+    p *= (F32(scale) / F32(n)) / z
+    p[t, cols] -= F32(scale) / F32(n)
+    return loss, p
+
+
+def cross_entropy_flops(v: int, n: int) -> int:
+    return 6 * v * n
+
+
+def clamp_fp16(x: np.ndarray) -> np.ndarray:
+    """Clamp to ±65504 where CPU activations cross into fp16 device surfaces (inf → finite)."""
+    return np.clip(x, -FP16_MAX, FP16_MAX)
+
+
+def cpu_step_flops(cfg: dict, n_tokens: int, rope_on_cpu: bool = True) -> int:
+    """CPU arithmetic of one training step over `n_tokens` positions, for `cpu_flops`.
+
+    Counts what the split in the issue leaves on the CPU: embedding backward, both RMSNorms
+    and the final one (forward and backward), residual adds, SwiGLU backward, GQA reduction,
+    RoPE inverse on dq/dk (unless the kernels do it), the classifier forward and backward, the
+    loss, and every dW. AdamW is `optim.adamw_flops`, counted once per optimizer step.
+    """
+    d, inter, n = cfg["hidden_size"], cfg["intermediate_size"], n_tokens
+    hq = cfg["num_attention_heads"]
+    hkv = cfg.get("num_key_value_heads") or hq
+    hd = cfg.get("head_dim") or d // hq
+    q_dim, kv_dim = hq * hd, hkv * hd
+    per_layer = (2 * (rmsnorm_flops(d, n) + rmsnorm_flops(d, n, backward=True))
+                 + 4 * d * n                                     # residual adds, fwd and bwd
+                 + swiglu_flops(inter, n, backward=True)
+                 + 2 * gqa_reduce_flops(hq, hkv, hd, n)          # dK and dV
+                 + (rope_flops(q_dim + kv_dim, n) if rope_on_cpu else 0)
+                 + matmul_flops(d, n, 2 * q_dim + 2 * kv_dim)    # dWq, dWk, dWv, dWo
+                 + matmul_flops(d, n, 3 * inter))                # dW gate, up, down
+    if cfg.get("model_type") == "qwen3":                         # q/k norm backward
+        per_layer += rmsnorm_flops(q_dim + kv_dim, n, backward=True)
+    v = cfg["vocab_size"]
+    head = (3 * matmul_flops(v, d, n) + cross_entropy_flops(v, n)
+            + rmsnorm_flops(d, n) + rmsnorm_flops(d, n, backward=True) + embed_flops(d, n, True))
+    return cfg["num_hidden_layers"] * per_layer + head

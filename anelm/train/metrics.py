@@ -1,0 +1,153 @@
+"""What a run reports: `metrics.jsonl`, `loss.png`, and the progress bar on stderr.
+
+`metrics.jsonl` (CONTRACTS §4) has one JSON object per line: a step record per optimizer step,
+`{"step", "loss", "lr", "loss_scale", "tokens_per_s", "device", "device_flops", "cpu_flops",
+...}`, and eval records `{"step", "eval_loss"}`, which never use the key `loss` so a reader can
+tell the two apart by keys alone. Non-finite numbers are written as null (JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+METRICS = "metrics.jsonl"
+PLOT = "loss.png"
+
+
+def _clean(v):
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """All records of a run; a torn last line (a kill mid-write) is skipped."""
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+class MetricsLog:
+    """Appends records to `RUN/metrics.jsonl`, one write and flush per record.
+
+    With `resume_step`, records after that step are dropped first: they came from steps the
+    killed run did past its last checkpoint, and the resumed run logs them again.
+    """
+
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / METRICS
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= resume_step]
+            _write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def _write(self, rec: dict) -> dict:
+        rec = {k: _clean(v) for k, v in rec.items()}
+        self._f.write(json.dumps(rec) + "\n")
+        self._f.flush()
+        return rec
+
+    def log_step(self, step: int, loss: float, lr: float, loss_scale: float, tokens_per_s: float,
+                 device: str, device_flops: int, cpu_flops: int, **extra) -> dict:
+        """One optimizer step; `extra` adds keys such as skipped, grad_norm, timings."""
+        if "eval_loss" in extra:
+            raise ValueError("metrics: a step record must not carry eval_loss; log it with log_eval")
+        return self._write({"step": step, "loss": loss, "lr": lr, "loss_scale": loss_scale,
+                            "tokens_per_s": tokens_per_s, "device": device,
+                            "device_flops": device_flops, "cpu_flops": cpu_flops, **extra})
+
+    def log_eval(self, step: int, eval_loss: float, **extra) -> dict:
+        """One evaluation; never uses the key `loss`, which marks step records."""
+        if "loss" in extra:
+            raise ValueError("metrics: an eval record must not use the key 'loss'")
+        return self._write({"step": step, "eval_loss": eval_loss, **extra})
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def plot_loss(run_dir: str | Path) -> Path:
+    """Draw train and eval loss from `metrics.jsonl` into `RUN/loss.png`, replaced atomically
+    so a viewer never sees a half-written image."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # no pyplot: no global state, safe off the main thread
+
+    recs = read_metrics(run_dir)
+    train = [(r["step"], r["loss"]) for r in recs if r.get("loss") is not None]
+    evals = [(r["step"], r["eval_loss"]) for r in recs if r.get("eval_loss") is not None]
+    fig = Figure(figsize=(7, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    if train:
+        ax.plot(*zip(*train), lw=1, label="train")
+    if evals:
+        ax.plot(*zip(*evals), "o-", ms=3, label="eval")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats)")
+    ax.grid(alpha=0.3)
+    if train or evals:
+        ax.legend()
+    fig.tight_layout()
+    path = Path(run_dir) / PLOT
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".loss.", suffix=".png.tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+class Progress:
+    """Live bar on stderr: step n/total, elapsed<ETA, steps/s, then loss and tokens/s."""
+
+    def __init__(self, total: int, initial: int = 0, disable: bool | None = None):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, file=sys.stderr, unit="step", desc="train",
+                        dynamic_ncols=True, disable=disable)
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        """Move the bar to `step` (steps completed) and show the latest loss and throughput."""
+        self.bar.set_postfix_str(f"loss={loss:.4f} tok/s={tokens_per_s:,.0f}", refresh=False)
+        self.bar.update(step - self.bar.n)
+
+    def write(self, msg: str) -> None:
+        """A notice on stderr that does not tear the bar."""
+        self.bar.write(msg, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,41 @@
+"""sram_estimate: weights + largest live activation set; a warning above 32 MiB."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from anelm.compiler.registry import run_pass
+from anelm.device.profile import SRAM_BYTES
+from anelm.ir.builder import GraphBuilder
+
+
+def test_estimate_counts_weights_and_peak_live_activations():
+    b = GraphBuilder()
+    x = b.input("x", [1, 8, 1, 16])  # 256 B
+    h = b.linear(x, np.ones((32, 8)), name="up")  # weight 512 B, result 1024 B
+    r = b.relu(h)  # 1024 B; x is dead by now
+    b.output("y", b.linear(r, np.ones((8, 32)), name="down"))  # weight 512 B, result 256 B
+    g = b.build()
+    ops = g.op_list()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not run_pass("sram_estimate", g)
+    assert g.op_list() == ops
+    s = g.meta["sram"]
+    assert s["weights_bytes"] == 1024
+    # x + up = 1280 B, then x dies; up + relu = 2048 B is the peak; relu + y = 1280 B
+    assert s["activation_bytes"] == 2048
+    assert s["estimate_bytes"] == 3072 and s["limit_bytes"] == SRAM_BYTES
+    assert "warnings" not in g.meta
+
+
+def test_large_working_set_warns_and_records():
+    b = GraphBuilder("big")
+    x = b.input("x", [1, 4096, 1, 64])
+    b.output("y", b.linear(x, np.zeros((4096, 4096), np.float16), name="w"))  # 32 MiB of weights
+    g = b.build()
+    with pytest.warns(UserWarning, match="SRAM working set"):
+        run_pass("sram_estimate", g)
+    assert g.meta["sram"]["estimate_bytes"] > SRAM_BYTES
+    assert "exceeds 32 MiB" in g.meta["warnings"][0]

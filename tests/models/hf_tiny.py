@@ -1,0 +1,69 @@
+"""Tiny random `transformers` models, saved with `save_pretrained`: the oracles of the model,
+generation and CLI tests (imported by name from tests/models, by path from elsewhere).
+
+Weights are redrawn larger than HF's init (std 0.3, norm scales 1 ± 0.1, non-zero biases) so
+that every weight matters to the logits and greedy sequences vary instead of repeating one id.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+
+COMMON = dict(vocab_size=96, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, rms_norm_eps=1e-5, **COMMON)
+SPECS = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+             dict(vocab_size=96, n_positions=64, n_embd=64, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2)),
+    "llama-mha": ("LlamaConfig", "LlamaForCausalLM", dict(num_attention_heads=4, num_key_value_heads=4, **LLAMA)),
+    "llama-gqa": ("LlamaConfig", "LlamaForCausalLM",
+                  dict(num_attention_heads=8, num_key_value_heads=2, rope_theta=500.0, **LLAMA)),
+    "llama-rope3": ("LlamaConfig", "LlamaForCausalLM",
+                    dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+                         attention_bias=True, mlp_bias=True, **LLAMA)),
+    "qwen3-tied": ("Qwen3Config", "Qwen3ForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, **LLAMA)),
+    "qwen3-untied": ("Qwen3Config", "Qwen3ForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False,
+                          rope_theta=1e6, **LLAMA)),
+}
+
+
+def randomize(model, seed: int = 0, std: float = 0.3) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if p.ndim == 1:
+                p.copy_(0.1 * noise if name.endswith("bias") else 1 + 0.1 * noise)
+            else:
+                p.copy_(std * noise)
+
+
+def make_hf(kind: str, folder: Path, seed: int = 0):
+    """A tiny HF model of `kind`, randomized, saved to `folder`; returns the torch model."""
+    cfg_name, model_name, kw = SPECS[kind]
+    config = getattr(transformers, cfg_name)(**kw)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).eval()
+    randomize(model, seed)
+    model.save_pretrained(folder)
+    return model
+
+
+def hf_logits(model, ids) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([list(ids)])).logits[0].numpy()
+
+
+def rel_err(got, ref) -> float:
+    return float(np.max(np.abs(np.asarray(got) - ref)) / np.max(np.abs(ref)))

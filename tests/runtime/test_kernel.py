@@ -1,0 +1,174 @@
+"""Kernel and the program cache on the Emulator: surfaces, binding, casting, requests, eviction."""
+
+import numpy as np
+import pytest
+
+from anelm.compiler.artifact import Artifact, signature_from_function
+from anelm.device.base import compile_count
+from anelm.device.emulator import Emulator
+from anelm.device.profile import STRICT
+from anelm.errors import ShapeError
+from anelm.mil.parser import parse
+from anelm.runtime.cache import ProgramCache
+from anelm.runtime.kernel import Kernel
+
+PROFILE = STRICT.replace(compile_budget=10**9)
+HEAD = ('program(1.3)\n[buildInfo = dict<string, string>({{"coremlc-version", "3505.4.1"}})]\n{\n')
+rng = np.random.default_rng(3)
+
+
+def artifact(params, body, outputs, profile=PROFILE):
+    text = f"{HEAD}    func main<ios18>({params}) {{\n" + "".join(f"        {b}\n" for b in body) + \
+           f"    }} -> ({outputs});\n}}\n"
+    return Artifact(text, {}, signature_from_function(parse(text).main, profile))
+
+
+T = "tensor<fp16, [1, 8, 1, 16]>"
+# declared (b, a) and (zd, ab): neither direction is alphabetical
+SUB = artifact(f"{T} b, {T} a", [f'{T} zd = sub(x = b, y = a)[name = string("zd")];',
+                                 f'{T} ab = add(x = a, y = a)[name = string("ab")];'], "zd, ab")
+
+
+class Recording(Emulator):
+    """An Emulator that remembers the surfaces of each request."""
+
+    def __init__(self, profile=PROFILE):
+        super().__init__(profile)
+        self.seen = []
+
+    def evaluate(self, model, inputs, outputs):
+        self.seen.append(([s.nbytes for s in inputs], [s.nbytes for s in outputs]))
+        super().evaluate(model, inputs, outputs)
+
+
+def test_run_binds_by_name_and_returns_declared_dtype_shape_order():
+    dev = Recording()
+    a = rng.standard_normal((1, 8, 1, 16))  # float64 in: cast to the declared fp16
+    b = a + 3.0
+    with Kernel(SUB, dev, cache=ProgramCache()) as k:
+        out = k(a=a, b=b)
+        assert list(out) == ["zd", "ab"]
+        assert out["zd"].dtype == np.float16 and out["zd"].shape == (1, 8, 1, 16)
+        a16, b16 = a.astype(np.float16).astype(np.float64), b.astype(np.float16).astype(np.float64)
+        assert np.array_equal(out["zd"], (b16 - a16).astype(np.float16))
+        assert np.array_equal(out["ab"], (2 * a16).astype(np.float16))
+    # uniform sizes per direction, at least the 49,152-byte minimum
+    assert dev.seen == [([49152, 49152], [49152, 49152])]
+
+
+def test_declaration_order_profile_binds_as_declared():
+    prof = PROFILE.replace(bind_inputs_alphabetically=False, bind_outputs_alphabetically=False)
+    a = rng.standard_normal((1, 8, 1, 16)).astype(np.float16)
+    with Kernel(SUB, Emulator(prof), cache=ProgramCache()) as k:
+        out = k.run({"a": a, "b": a})
+    assert (out["zd"] == 0).all() and np.array_equal(out["ab"], (2 * a.astype(np.float32)).astype(np.float16))
+
+
+def test_uniform_size_is_the_largest_surface():
+    big = "tensor<fp16, [1, 64, 1, 512]>"
+    # a signature written for a chip without the size rules: the strict device still gets uniform sizes
+    free = PROFILE.replace(uniform_input_sizes=False, uniform_output_sizes=False, min_surface_bytes=0)
+    art = artifact(f"{T} a, {big} w", [f'{T} y = relu(x = a)[name = string("y")];',
+                                       f'{big} z = relu(x = w)[name = string("z")];'], "y, z", free)
+    assert [s.surface_bytes for s in art.signature.inputs] == [256, 65536]
+    dev = Recording()
+    with Kernel(art, dev, cache=ProgramCache()) as k:
+        k(a=np.ones((1, 8, 1, 16)), w=np.ones((1, 64, 1, 512)))
+    assert dev.seen == [([65536, 65536], [65536, 65536])]
+
+
+def test_input_errors_are_one_line():
+    with Kernel(SUB, Emulator(PROFILE), cache=ProgramCache()) as k:
+        good = np.zeros((1, 8, 1, 16))
+        with pytest.raises(ShapeError, match=r"^input 'a': expected shape \[1, 8, 1, 16\], got \[8, 16\]$"):
+            k(a=np.zeros((8, 16)), b=good)
+        with pytest.raises(ShapeError, match=r"missing \['b'\]"):
+            k(a=good)
+        with pytest.raises(ShapeError, match=r"kernel has no input 'c'"):
+            k(a=good, b=good, c=good)
+    with pytest.raises(ShapeError, match="closed"):
+        k(a=good, b=good)
+
+
+def test_requests_stage_weight_columns_and_share_outputs():
+    ic, s, oc = 16, 32, 8
+    x_t = f"tensor<fp16, [1, {ic}, 1, {s + oc}]>"
+    body = ['tensor<int32, [4]> ba = const()[name = string("ba"), val = tensor<int32, [4]>([0, 0, 0, 0])];',
+            f'tensor<int32, [4]> sa = const()[name = string("sa"), val = tensor<int32, [4]>([1, {ic}, 1, {s}])];',
+            f'tensor<int32, [4]> bw = const()[name = string("bw"), val = tensor<int32, [4]>([0, 0, 0, {s}])];',
+            f'tensor<int32, [4]> sw = const()[name = string("sw"), val = tensor<int32, [4]>([1, {ic}, 1, {oc}])];',
+            f'tensor<fp16, [1, {ic}, 1, {s}]> act = slice_by_size(begin = ba, size = sa, x = x)[name = string("act")];',
+            f'tensor<fp16, [1, {ic}, 1, {oc}]> w = slice_by_size(begin = bw, size = sw, x = x)[name = string("w")];',
+            'bool tT = const()[name = string("tT"), val = bool(true)];',
+            'bool tF = const()[name = string("tF"), val = bool(false)];',
+            f'tensor<fp16, [1, {ic}, 1, {s}]> xs = relu(x = act)[name = string("xs")];',
+            f'tensor<int32, [4]> ra = const()[name = string("ra"), val = tensor<int32, [4]>([1, 1, {ic}, {s}])];',
+            f'tensor<int32, [4]> rw = const()[name = string("rw"), val = tensor<int32, [4]>([1, 1, {ic}, {oc}])];',
+            f'tensor<fp16, [1, 1, {ic}, {s}]> a2 = reshape(shape = ra, x = xs)[name = string("a2")];',
+            f'tensor<fp16, [1, 1, {ic}, {oc}]> w2 = reshape(shape = rw, x = w)[name = string("w2")];',
+            f'tensor<fp16, [1, 1, {oc}, {s}]> y = matmul(transpose_x = tT, transpose_y = tF, x = w2, y = a2)[name = string("y")];']
+    art = artifact(f"{x_t} x", body, "y")
+    w1, w2 = (rng.standard_normal((ic, oc)).astype(np.float16) for _ in range(2))
+    with Kernel(art, Emulator(PROFILE), cache=ProgramCache()) as k:
+        r1, r2 = k.request(), k.request()
+        r1.write("x", w1, columns=slice(s, s + oc))  # [C, n] for a [1, C, 1, n] column block
+        r2.write("x", w2[None, :, None, :], columns=slice(s, s + oc))
+        for _ in range(2):
+            act = rng.standard_normal((1, ic, 1, s)).astype(np.float16)
+            a64 = np.maximum(act[0, :, 0, :].astype(np.float64), 0)
+            r1.write("x", act, columns=slice(0, s))
+            y1 = r1.run()["y"].copy()
+            r2.write("x", act, columns=slice(0, s))
+            y2 = r2.run()["y"]
+            for y, w in ((y1, w1), (y2, w2)):
+                ref = w.astype(np.float64).T @ a64
+                assert np.abs(y[0, 0] - ref).max() / np.abs(ref).max() < 1e-2
+        with pytest.raises(ShapeError, match=r"input 'x' columns 0:32: expected shape \[1, 16, 1, 32\], got \[16, 31\]"):
+            r1.write("x", np.zeros((ic, s - 1)), columns=slice(0, s))
+
+
+def test_cache_compiles_once_and_evicts_lru_unpinned():
+    cache, dev = ProgramCache(capacity=1), Emulator(PROFILE)
+    before = compile_count()
+    k1, k2 = Kernel(SUB, dev, cache=cache), Kernel(SUB, dev, cache=cache)
+    assert compile_count() - before == 1 and cache.hits == 1 and k1.model is k2.model
+    other = artifact(f"{T} x", [f'{T} y = relu(x = x)[name = string("y")];'], "y")
+    k3 = Kernel(other, dev, cache=cache)
+    assert len(cache) == 2 and k1.model.loaded  # pinned entries are never unloaded
+    k1.close(), k2.close()
+    assert len(cache) == 1 and not k1.model.loaded  # over capacity: the LRU unpinned entry went
+    Kernel(SUB, Emulator(PROFILE), cache=cache).close()  # another device compiles its own
+    assert compile_count() - before == 3
+    k3.close()
+    assert cache.clear() == 1 and len(cache) == 0 and not k3.model.loaded
+
+
+def test_close_releases_surfaces():
+    k = Kernel(SUB, Emulator(PROFILE), cache=ProgramCache())
+    req = k.request()
+    k.close()
+    assert all(s.nbytes == 0 for s in req.surfaces + k._out_surfaces)
+
+
+def test_kernel_maps_renamed_io_and_rebuilds_returned_concat():
+    """io_naming renames non-alphabetical I/O and concat_elimination splits a returned concat;
+    the Kernel hides both: callers use their own names and get the joined array back."""
+    from anelm.compiler.pipeline import compile_graph
+    from anelm.device.emulator import Emulator
+    from anelm.ir.builder import GraphBuilder
+    from anelm.runtime.kernel import Kernel
+
+    b = GraphBuilder("io")
+    zed = b.input("zed", [1, 4, 1, 8])
+    abc = b.input("abc", [1, 4, 1, 8])
+    b.output("out", b.concat([b.mul(zed, 2.0, name="twice"), b.sub(zed, abc, name="diff")], axis=1))
+    b.output("alpha", b.add(zed, abc, name="plus"))
+    art = compile_graph(b.build())
+    assert art.meta["aliases"] and "out" in art.meta["concat_outputs"]
+    rng = np.random.default_rng(0)
+    z, a = (rng.standard_normal((1, 4, 1, 8)).astype(np.float16) for _ in range(2))
+    got = Kernel(art, Emulator())(zed=z, abc=a)
+    zf, af = z.astype(np.float64), a.astype(np.float64)
+    np.testing.assert_allclose(got["out"], np.concatenate([2 * zf, zf - af], axis=1), atol=4e-3)
+    np.testing.assert_allclose(got["alpha"], zf + af, atol=4e-3)
+    assert set(got) == {"out", "alpha"}
