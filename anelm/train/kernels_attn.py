@@ -1,0 +1,67 @@
+"""Causal attention forward and backward kernels for training (no weights).
+
+Heads use the inference kernels' layout (`anelm.kernels.attention`): queries `[Hkv, G, hd, S]`
+(query head h = kv·G + g reads KV head kv = h // G, HF's GQA mapping), keys and values
+`[Hkv, 1, hd, S]`, broadcast over G by matmul, so GQA needs no tiling and no concat. The
+additive causal mask is a const (hardware SDPA ignores masks, strict §2.5). Inputs arrive
+after RoPE (RoPE and its inverse stay on the CPU).
+
+With P the probabilities `[Hkv, G, S_q, S_k]`, dO the attention-output gradient `[.., hd, S_q]`:
+    dP  = dOᵀ·V                          dV = Σ_G dO·P
+    dS  = P ∘ (dP − rowsum(P ∘ dP)) / √hd
+    dQ  = K·dSᵀ                          dK = Σ_G Q·dS
+P is recomputed from q and k rather than carried over from the forward: it is S² per head,
+far larger than q and k, and recomputing costs one matmul and a softmax.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..ir.graph import Value
+from ..kernels.attention import causal_mask, split_heads
+
+
+def _heads(k, name: str, groups: int) -> Value:
+    """Input `name` `[1, H·hd, 1, S]` -> `[Hkv, groups, hd, S]`."""
+    m = k.m
+    return split_heads(k.b, k.act(name), m.hkv, groups, m.hd, f"{name}_h")
+
+
+def _probs(k, qh: Value, kh: Value) -> Value:
+    """softmax(qᵀk/√hd + mask) over keys: `[Hkv, G, S, S]`."""
+    b, m = k.b, k.m
+    sc = b.matmul(qh, kh, transpose_x=True, name="scores")            # [Hkv, G, S_q, S_k]
+    scaled = b.mul(sc, 1.0 / math.sqrt(m.hd), name="scaled")
+    mask = b.const(causal_mask(m.s), name="mask", dtype="fp16", blob=True)  # [1, 1, S, S]
+    return b.softmax(b.add(scaled, mask, name="masked"), axis=-1, name="probs")
+
+
+def _flat(k, x: Value, channels: int, name: str) -> Value:
+    return k.b.reshape(x, [1, channels, 1, k.m.s], name=name)          # [1, C, 1, S]
+
+
+def sdpa_fwd(k) -> dict[str, Value]:
+    m, b = k.m, k.b
+    g = m.hq // m.hkv
+    qh, kh, vh = _heads(k, "qr", g), _heads(k, "kr", 1), _heads(k, "v", 1)
+    p = _probs(k, qh, kh)
+    ot = b.matmul(vh, p, transpose_y=True, name="pv")                  # [Hkv, G, hd, S_q]
+    return {"attn": _flat(k, ot, m.q, "attn_out")}
+
+
+def sdpa_bwd(k) -> dict[str, Value]:
+    m, b = k.m, k.b
+    g = m.hq // m.hkv
+    qh, kh, vh = _heads(k, "qr", g), _heads(k, "kr", 1), _heads(k, "v", 1)
+    do = _heads(k, "dattn", g)                                         # [Hkv, G, hd, S_q]
+    p = _probs(k, qh, kh)
+    dp = b.matmul(do, vh, transpose_x=True, name="dp")                 # [Hkv, G, S_q, S_k]
+    dv = b.reduce_sum(b.matmul(do, p, name="dv_g"), axes=[1], name="dv_sum")  # [Hkv, 1, hd, S_k]
+    rowdot = b.reduce_sum(b.mul(p, dp, name="pdp"), axes=[3], name="rowdot")  # [Hkv, G, S_q, 1]
+    centered = b.sub(dp, rowdot, name="dp_c")
+    ds = b.mul(b.mul(p, centered, name="ds_raw"), 1.0 / math.sqrt(m.hd), name="ds")
+    dq = b.matmul(kh, ds, transpose_y=True, name="dq_h")               # [Hkv, G, hd, S_q]
+    dk = b.reduce_sum(b.matmul(qh, ds, name="dk_g"), axes=[1], name="dk_sum")  # [Hkv, 1, hd, S_k]
+    return {"dk": _flat(k, dk, m.kv, "dk_out"), "dq": _flat(k, dq, m.q, "dq_out"),
+            "dv": _flat(k, dv, m.kv, "dv_out")}

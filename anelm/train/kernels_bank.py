@@ -1,0 +1,92 @@
+"""Compiled training kernels on a device, one request per (kernel, layer): the dynamic pipeline.
+
+    bank = DynamicBank(dims, device, weights, n_layers)
+    out = bank.run("qkv", layer, {"xn": xn})          # [C, S] float32 in and out, one sequence
+    bank.set_weights(new_weights)                      # restage the weight columns, no compile
+
+`KernelBank` holds what both pipelines share: the two weightless attention kernels (one request
+for every layer), the per-evaluation flop counts, and `run`, which writes the activation
+columns of each packed input and evaluates. Inputs written by columns stay staged in the
+request, so the dynamic pipeline writes a layer's weights once per optimizer update and only
+the S activation columns per evaluation (maderix-ane-facts §4).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compiler.pipeline import compile_graph
+from ..errors import CompileError
+from ..runtime.kernel import Kernel, Request
+from .kernels import WEIGHTED, WEIGHTLESS, Dims, build_graph, graph_flops, layer_mats, layouts
+
+
+class KernelBank:
+    """Requests by (kind, layer), the weightless kernels shared by all layers (layer None)."""
+
+    compiles_per_update = 0
+
+    def __init__(self, dims: Dims, device, n_layers: int):
+        self.dims, self.device, self.n_layers = dims, device, n_layers
+        self.layouts = layouts(dims)
+        self.flops: dict[str, int] = {}
+        self._kernels: list[Kernel] = []
+        self._req: dict[tuple[str, int | None], Request] = {}
+        for kind in WEIGHTLESS:
+            self._req[(kind, None)] = self._open(kind, build_graph(kind, dims)).request()
+
+    def _open(self, kind: str, graph, cache=None) -> Kernel:
+        art = compile_graph(graph, self.device.profile)
+        want = sorted(graph.outputs)
+        got = [s.name for s in art.signature.outputs]
+        if got != want:  # the bank reads outputs by these names
+            raise CompileError(kind, f"outputs were renamed to {got}", f"declare {want} alphabetically")
+        self.flops[kind] = graph_flops(graph)
+        kern = Kernel(art, self.device, cache=cache)
+        self._kernels.append(kern)
+        return kern
+
+    def run(self, kind: str, layer: int, acts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One evaluation on one sequence: activations `[C, S]` by name -> outputs `[C, S]` float32."""
+        req = self._req.get((kind, layer)) or self._req[(kind, None)]
+        for name, pk in self.layouts[kind].items():
+            cols = pk.columns(self.dims.s)
+            for a in pk.acts:
+                req.write(name, acts[a], columns=cols[a])
+        out = req.run()
+        return {k: v.reshape(v.shape[1], v.shape[3]).astype(np.float32) for k, v in out.items()}
+
+    def _stage(self, req: Request, kind: str, mats: dict[str, np.ndarray]) -> None:
+        """Write the weight blocks M of a dynamic request into their columns."""
+        for name, pk in self.layouts[kind].items():
+            cols = pk.columns(self.dims.s)
+            for role, _ in pk.weights:
+                req.write(name, mats[role], columns=cols[role])
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        for k in self._kernels:
+            k.close()
+        self._kernels.clear()
+        self._req.clear()
+
+
+class DynamicBank(KernelBank):
+    """Weights travel in the inputs: ten compiles in all, none per update."""
+
+    compiles_per_update = 0
+
+    def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int):
+        super().__init__(dims, device, n_layers)
+        for kind in WEIGHTED:
+            kern = self._open(kind, build_graph(kind, dims))
+            for layer in range(n_layers):
+                self._req[(kind, layer)] = kern.request()
+        self.set_weights(weights)
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        for kind in WEIGHTED:
+            for layer in range(self.n_layers):
+                self._stage(self._req[(kind, layer)], kind, layer_mats(kind, weights, layer))

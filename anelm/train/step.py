@@ -1,0 +1,276 @@
+"""One training step split as on the hardware: forward and dx on the device, the rest on the CPU.
+
+    step = DeviceTrainStep(config, weights, device, seq_len=S, pipeline="dynamic")
+    loss, grads, stats = step.loss_and_grads(x, y, loss_scale=4096.0)   # x, y int [B, S]
+    ...optimizer updates the weights...
+    step.set_weights(weights)                                          # restage / recompile
+
+Per layer the device runs the ten kernels of `kernels.py` once per sequence (kernels are built
+for S tokens; B sequences are B evaluations). Everything between them is `cpu_ops` on
+channel-first float32 `[C, B·S]` arrays, the sequences side by side, so each CPU op and
+each dW is one call over the whole batch: RMSNorm fwd/bwd, residuals, Qwen3's q/k head norm,
+RoPE and its inverse (kept on the CPU, as the issue allows: the device then needs no cos/sin
+tables and one attention kernel serves every position layout), SwiGLU backward, the final
+norm, classifier, loss, embedding, and every dW.
+
+dW = dy·xᵀ runs on one worker thread (numpy's BLAS releases the GIL) while the device
+evaluates the next kernels. The arrays a job reads are never written afterwards (every CPU op
+returns a new array), so handing them over is a snapshot without a copy.
+
+fp16 safety: activations crossing from the CPU into a device surface are clamped to ±65504
+(a float32 overflow would otherwise turn into inf on the device). Gradients are not clamped:
+with too large a loss scale they overflow to inf/NaN, and they are returned as such (no
+exception) so the dynamic loss scaler can see it, skip the step and halve the scale.
+
+The weights the CPU side reads (norms, embedding, head) are the caller's arrays, not copies;
+the device holds its own fp16 copies, which change only in `set_weights`.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import ShapeError, UsageError
+from ..models.layers import rope_inv_freq
+from ..models.config import LlamaConfig
+from . import cpu_ops as ops
+from .kernels import Dims
+from .kernels_bank import DynamicBank
+from .pipeline_static import StaticBank
+from .presets import hf_weight_shapes
+
+F32 = np.float32
+PIPELINES = ("dynamic", "static")
+
+
+def _rope(cfg, seq: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin `[hd, B·S]`: positions 0..S-1 per sequence, HF half-split (rows i, i+hd/2 equal)."""
+    pos = np.tile(np.arange(seq), batch)
+    if cfg.rope_scaling is None:
+        return ops.rope_tables(cfg.head_dim, pos, cfg.rope_theta)
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    ang = inv[:, None] * pos.astype(F32)[None, :]                      # [hd/2, B·S]
+    ang = np.concatenate([ang, ang], axis=0)                            # [hd, B·S]
+    return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+
+
+def _check_weights(cfg, weights: dict) -> dict[str, np.ndarray]:
+    want = hf_weight_shapes(cfg.to_dict())
+    missing, extra = sorted(set(want) - set(weights)), sorted(set(weights) - set(want))
+    if missing or extra:
+        raise ShapeError(f"weights: expected the {len(want)} HF names of this config; "
+                         f"missing {missing[:4]}, unexpected {extra[:4]}")
+    out = {}
+    for name, shape in want.items():
+        w = np.asarray(weights[name], dtype=F32)
+        if w.shape != shape:
+            raise ShapeError(f"weight {name}: expected shape {list(shape)}, got {list(w.shape)}")
+        out[name] = w
+    return out
+
+
+class DeviceTrainStep:
+    """Loss and every parameter gradient of a Llama/Qwen3 model, device + CPU (see module doc)."""
+
+    def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int,
+                 pipeline: str = "dynamic"):
+        if not isinstance(config, LlamaConfig):
+            raise UsageError(f"training needs a Llama or Qwen3 config, got {type(config).__name__}")
+        if config.attention_bias or config.mlp_bias:
+            raise UsageError("training supports bias-free Llama/Qwen3 layers; expected attention_bias "
+                             "and mlp_bias false")
+        if pipeline not in PIPELINES:
+            raise UsageError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
+        self.cfg, self.pipeline = config, pipeline
+        self.dims = Dims.from_config(config, seq_len)
+        self.n_layers = config.num_hidden_layers
+        self.qk_norm = config.model_type == "qwen3"
+        self.w = _check_weights(config, weights)
+        bank = DynamicBank if pipeline == "dynamic" else StaticBank
+        self.bank = bank(self.dims, device, self.w, self.n_layers)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="anelm-dw")
+        self._rope_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def compiles_per_update(self) -> int:
+        """Compiles one `set_weights` costs: 0 dynamic, 8·layers static (strict)."""
+        return self.bank.compiles_per_update
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        self.w = _check_weights(self.cfg, weights)
+        self.bank.set_weights(self.w)
+
+    # ------------------------------------------------------------------ public steps
+    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Mean cross-entropy of the batch, forward only."""
+        self._begin(x, y)
+        with np.errstate(all="ignore"):
+            xf = self._forward(np.asarray(x), keep=False)[0]
+            logits = ops.classifier_fwd(self._head(), ops.rmsnorm_fwd(xf, self.w["model.norm.weight"],
+                                                                      self.cfg.rms_norm_eps)[0])
+            return ops.cross_entropy(logits, np.asarray(y).reshape(-1))[0]
+
+    def loss_and_grads(self, x: np.ndarray, y: np.ndarray,
+                       loss_scale: float = 1.0) -> tuple[float, dict[str, np.ndarray], dict]:
+        """(unscaled mean loss, gradients × loss_scale by weight name, stats)."""
+        t0 = time.perf_counter()
+        self._begin(x, y)
+        ids, targets = np.asarray(x), np.asarray(y).reshape(-1)
+        jobs: dict[str, Future] = {}
+        with np.errstate(all="ignore"):  # inf/NaN under a too-large scale is a result, not an error
+            xl, caches = self._forward(ids, keep=True)
+            loss, dy, head_grads = self._loss_head(xl, targets, float(loss_scale), jobs)
+            grads = dict(head_grads)
+            for i in reversed(range(self.n_layers)):
+                dy = self._layer_bwd(i, dy, caches[i], grads, jobs)
+            t_wait = time.perf_counter()
+            grads.update({n: f.result() for n, f in jobs.items()})
+            t_wait = time.perf_counter() - t_wait
+            self._embed_bwd(dy, ids, grads)
+        return loss, grads, self._stats(ids.size, time.perf_counter() - t0 - t_wait)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.bank.close()
+
+    def __enter__(self) -> "DeviceTrainStep":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+    def _begin(self, x, y) -> None:
+        s = self.dims.s
+        x, y = np.asarray(x), np.asarray(y)
+        if x.ndim != 2 or x.shape[1] != s or y.shape != x.shape:
+            raise ShapeError(f"batch: expected token ids x and targets y of shape [B, {s}], "
+                             f"got {list(x.shape)} and {list(y.shape)}")
+        self._t = {"device": 0.0, "dw": 0.0}
+        self._flops = 0
+        self._batch = x.shape[0]
+        if self._batch not in self._rope_cache:
+            self._rope_cache[self._batch] = _rope(self.cfg, s, self._batch)
+        self._cos, self._sin = self._rope_cache[self._batch]
+
+    def _stats(self, n_tokens: int, t_main: float) -> dict:
+        return {"device_flops": int(self._flops),
+                "cpu_flops": int(ops.cpu_step_flops(self.cfg.to_dict(), n_tokens) + self._fwd_extra(n_tokens)),
+                "t_device": self._t["device"], "t_cpu": max(t_main - self._t["device"], 0.0),
+                "t_dw": self._t["dw"]}
+
+    def _fwd_extra(self, n: int) -> int:
+        """CPU forward work `cpu_step_flops` leaves out: RoPE on q and k, Qwen3's head norm."""
+        c = self.dims.q + self.dims.kv
+        per_layer = ops.rope_flops(c, n) + (ops.rmsnorm_flops(c, n) if self.qk_norm else 0)
+        return self.n_layers * per_layer
+
+    def _head(self) -> np.ndarray:
+        return self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+
+    def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
+        """Kernel `kind` of `layer` on each sequence; acts and results `[C, B·S]` float32."""
+        t0, s = time.perf_counter(), self.dims.s
+        out: dict[str, np.ndarray] = {}
+        for b in range(self._batch):
+            cols = slice(b * s, (b + 1) * s)
+            res = self.bank.run(kind, layer, {n: a[:, cols] for n, a in acts.items()})
+            for n, r in res.items():
+                if n not in out:
+                    out[n] = np.empty((r.shape[0], self._batch * s), F32)
+                out[n][:, cols] = r
+        self._flops += self.bank.flops[kind] * self._batch
+        self._t["device"] += time.perf_counter() - t0
+        return out
+
+    def _dw(self, jobs: dict, name: str, dy: np.ndarray, x: np.ndarray) -> None:
+        """Queue dW = dy·xᵀ for weight `name` on the worker thread."""
+        def job():
+            t0 = time.perf_counter()
+            g = ops.dw(dy, x)
+            self._t["dw"] += time.perf_counter() - t0  # only the one worker writes this key
+            return g
+        jobs[name] = self._pool.submit(job)
+
+    def _w(self, layer: int, name: str) -> np.ndarray:
+        return self.w[f"model.layers.{layer}.{name}.weight"]
+
+    # ------------------------------------------------------------------ forward
+    def _forward(self, ids: np.ndarray, keep: bool) -> tuple[np.ndarray, list[dict]]:
+        x = ops.embed_fwd(self.w["model.embed_tokens.weight"], ids.reshape(-1))   # [D, B·S]
+        caches = []
+        for i in range(self.n_layers):
+            x, c = self._layer_fwd(i, x)
+            if keep:
+                caches.append(c)
+        return x, caches
+
+    def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
+        eps, clamp = self.cfg.rms_norm_eps, ops.clamp_fp16
+        c = {"x": x}
+        xn, c["r1"] = ops.rmsnorm_fwd(x, self._w(i, "input_layernorm"), eps)
+        c["xn"] = clamp(xn)
+        qkv = self._dev("qkv", i, xn=c["xn"])
+        q, k, c["v"] = qkv["q"], qkv["k"], qkv["v"]
+        if self.qk_norm:
+            c["q0"], c["k0"] = q, k
+            q, c["rq"] = ops.head_rmsnorm_fwd(q, self._w(i, "self_attn.q_norm"), eps)
+            k, c["rk"] = ops.head_rmsnorm_fwd(k, self._w(i, "self_attn.k_norm"), eps)
+        c["qr"] = clamp(ops.rope_fwd(q, self._cos, self._sin))
+        c["kr"] = clamp(ops.rope_fwd(k, self._cos, self._sin))
+        c["attn"] = self._dev("sdpa_fwd", i, qr=c["qr"], kr=c["kr"], v=c["v"])["attn"]
+        c["x2"] = x + self._dev("wo", i, attn=c["attn"])["o"]
+        x2n, c["r2"] = ops.rmsnorm_fwd(c["x2"], self._w(i, "post_attention_layernorm"), eps)
+        c["x2n"] = clamp(x2n)
+        c.update(self._dev("ffn_up", i, x2n=c["x2n"]))          # gate, h1, h3
+        return c["x2"] + self._dev("ffn_down", i, gate=c["gate"])["f"], c
+
+    # ------------------------------------------------------------------ loss and head
+    def _loss_head(self, xl: np.ndarray, targets: np.ndarray, scale: float,
+                   jobs: dict) -> tuple[float, np.ndarray, dict]:
+        """Final norm, classifier, loss; returns (loss, dy into the last layer, norm grad)."""
+        wn, head = self.w["model.norm.weight"], self._head()
+        xf, rf = ops.rmsnorm_fwd(xl, wn, self.cfg.rms_norm_eps)
+        loss, dlog = ops.cross_entropy(ops.classifier_fwd(head, xf), targets, scale)
+        self._dw(jobs, "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight",
+                 dlog, xf)
+        dy, dwn = ops.rmsnorm_bwd(head.T @ dlog, xl, wn, rf)
+        return loss, dy, {"model.norm.weight": dwn}
+
+    def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
+        """Scatter dy into the embedding grad (added to the classifier's when tied)."""
+        name = "model.embed_tokens.weight"
+        if name not in grads:
+            grads[name] = np.zeros_like(self.w[name])
+        ops.embed_bwd(dy, ids.reshape(-1), grads[name])
+
+    # ------------------------------------------------------------------ backward
+    def _layer_bwd(self, i: int, dy: np.ndarray, c: dict, grads: dict, jobs: dict) -> np.ndarray:
+        p, eps = f"model.layers.{i}.", self.cfg.rms_norm_eps
+        dgate = self._dev("ffn_down_dx", i, dy=dy)["dgate"]
+        dh1, dh3 = ops.swiglu_bwd(dgate, c["h1"], c["h3"])
+        self._dw(jobs, p + "mlp.down_proj.weight", dy, c["gate"])
+        self._dw(jobs, p + "mlp.gate_proj.weight", dh1, c["x2n"])
+        self._dw(jobs, p + "mlp.up_proj.weight", dh3, c["x2n"])
+        dx2n = self._dev("ffn_up_dx", i, dh1=dh1, dh3=dh3)["dx"]
+        dx2, grads[p + "post_attention_layernorm.weight"] = ops.rmsnorm_bwd(
+            dx2n, c["x2"], self._w(i, "post_attention_layernorm"), c["r2"])
+        dx2 = dx2 + dy
+        self._dw(jobs, p + "self_attn.o_proj.weight", dx2, c["attn"])
+        dattn = self._dev("wo_dx", i, dx2=dx2)["dattn"]
+        g = self._dev("sdpa_bwd", i, qr=c["qr"], kr=c["kr"], v=c["v"], dattn=dattn)
+        dq, dk = ops.rope_bwd(g["dq"], self._cos, self._sin), ops.rope_bwd(g["dk"], self._cos, self._sin)
+        if self.qk_norm:
+            dq, grads[p + "self_attn.q_norm.weight"] = ops.head_rmsnorm_bwd(
+                dq, c["q0"], self._w(i, "self_attn.q_norm"), c["rq"])
+            dk, grads[p + "self_attn.k_norm.weight"] = ops.head_rmsnorm_bwd(
+                dk, c["k0"], self._w(i, "self_attn.k_norm"), c["rk"])
+        for n, d in (("q", dq), ("k", dk), ("v", g["dv"])):
+            self._dw(jobs, p + f"self_attn.{n}_proj.weight", d, c["xn"])
+        dxn = self._dev("qkv_dx", i, dq=dq, dk=dk, dv=g["dv"])["dx"]
+        dx, grads[p + "input_layernorm.weight"] = ops.rmsnorm_bwd(
+            dxn, c["x"], self._w(i, "input_layernorm"), c["r1"])
+        return dx + dx2

@@ -1,0 +1,171 @@
+"""Each training kernel alone, compiled and run on the emulator, against float64 numpy written here.
+
+Weighted kernels run in both forms: dynamic (the test packs activations and weight blocks into
+the spatial axis itself, forward blocks as Wᵀ, dx blocks as W) and static (weights baked).
+Tolerance (CONTRACTS §6, max|got − ref| / max|ref|): 1e-2, the matmul/softmax figure, for
+every kernel. The attention backward (five matmuls, a softmax and a row reduction, each result
+rounded to fp16) measures 1.4e-3, the projections 4e-4 to 7e-4.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from anelm.compiler.pipeline import compile_graph
+from anelm.device import base
+from anelm.device.emulator import Emulator
+from anelm.device.profile import STRICT
+from anelm.runtime.kernel import Kernel
+from anelm.train.kernels import FORWARD, WEIGHTED, Dims, build_graph, graph_flops, layouts
+
+PROFILE = STRICT.replace(compile_budget=10**9)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_count_as_found():
+    """These tests compile many programs (uncapped profile), but the count is process-wide:
+    later tests that use the strict budget start from zero, as a fresh process would."""
+    yield
+    base.reset_compile_count()
+
+
+M = Dims(d=32, f=48, hq=4, hkv=2, hd=12, s=16)  # GQA, head_dim ≠ d / hq
+# HF orientation [out, in] of every weight role
+SHAPES = {"wq": (M.q, M.d), "wk": (M.kv, M.d), "wv": (M.kv, M.d), "wo": (M.d, M.q),
+          "w1": (M.f, M.d), "w3": (M.f, M.d), "w2": (M.d, M.f)}
+
+
+def sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+# y = W·x forward, dx = Wᵀ·dy backward; activations [C, S] float64
+REF = {
+    "qkv": lambda w, a: {"q": w["wq"] @ a["xn"], "k": w["wk"] @ a["xn"], "v": w["wv"] @ a["xn"]},
+    "wo": lambda w, a: {"o": w["wo"] @ a["attn"]},
+    "ffn_up": lambda w, a: {"h1": w["w1"] @ a["x2n"], "h3": w["w3"] @ a["x2n"],
+                            "gate": (w["w1"] @ a["x2n"]) * sig(w["w1"] @ a["x2n"]) * (w["w3"] @ a["x2n"])},
+    "ffn_down": lambda w, a: {"f": w["w2"] @ a["gate"]},
+    "ffn_down_dx": lambda w, a: {"dgate": w["w2"].T @ a["dy"]},
+    "ffn_up_dx": lambda w, a: {"dx": w["w1"].T @ a["dh1"] + w["w3"].T @ a["dh3"]},
+    "wo_dx": lambda w, a: {"dattn": w["wo"].T @ a["dx2"]},
+    "qkv_dx": lambda w, a: {"dx": w["wq"].T @ a["dq"] + w["wk"].T @ a["dk"] + w["wv"].T @ a["dv"]},
+}
+
+
+def rel_err(got, ref):
+    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+
+
+def random_case(kind, seed):
+    rng = np.random.default_rng(seed)
+    w = {r: rng.standard_normal(s) / math.sqrt(s[1]) for r, s in SHAPES.items()}
+    acts = {a: rng.standard_normal((pk.channels, M.s)) for pk in layouts(M)[kind].values() for a in pk.acts}
+    return w, acts
+
+
+def pack(kind, w, acts, dynamic):
+    """Kernel inputs `[1, C, 1, W]`: activations, then (dynamic) M = Wᵀ forward or W for dx."""
+    inputs = {}
+    for name, pk in layouts(M)[kind].items():
+        blocks = [acts[a] for a in pk.acts]
+        if dynamic:
+            blocks += [w[r].T if kind in FORWARD else w[r] for r, _ in pk.weights]
+        inputs[name] = np.concatenate(blocks, axis=1)[None, :, None, :]  # [1, C, 1, W]
+    return inputs
+
+
+def run(graph, inputs):
+    with Kernel(compile_graph(graph, PROFILE), Emulator(PROFILE)) as k:
+        return {n: v.astype(np.float64)[0, :, 0, :] for n, v in k.run(inputs).items()}
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
+@pytest.mark.parametrize("kind", WEIGHTED)
+def test_weighted_kernel_matches_numpy(kind, dynamic):
+    w, acts = random_case(kind, seed=WEIGHTED.index(kind))
+    ref = REF[kind](w, acts)
+    mats = None
+    if not dynamic:  # the static form takes the staged matrices M and bakes Mᵀ
+        mats = {r: (w[r].T if kind in FORWARD else w[r]) for pk in layouts(M)[kind].values()
+                for r, _ in pk.weights}
+    got = run(build_graph(kind, M, mats), pack(kind, w, acts, dynamic))
+    assert set(got) == set(ref)
+    for name in ref:
+        assert got[name].shape == ref[name].shape, name
+        assert rel_err(got[name], ref[name]) <= 1e-2, (name, rel_err(got[name], ref[name]))
+
+
+def heads(x, hd):
+    return x.reshape(-1, hd, x.shape[1])  # [H, hd, S]
+
+
+def attention_ref(q, k, v):
+    """Causal GQA attention and what the backward needs; query head h uses KV head h // G."""
+    qh, kh, vh = heads(q, M.hd), heads(k, M.hd), heads(v, M.hd)
+    g = M.hq // M.hkv
+    future = np.triu(np.ones((M.s, M.s), bool), 1)
+    probs, out = [], np.zeros_like(qh)
+    for h in range(M.hq):
+        s = qh[h].T @ kh[h // g] / math.sqrt(M.hd)  # [S_q, S_k]
+        s[future] = -np.inf
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        probs.append(p)
+        out[h] = vh[h // g] @ p.T
+    return out.reshape(q.shape), probs
+
+
+def attention_bwd_ref(q, k, v, da):
+    qh, kh, vh, dah = heads(q, M.hd), heads(k, M.hd), heads(v, M.hd), heads(da, M.hd)
+    g = M.hq // M.hkv
+    _, probs = attention_ref(q, k, v)
+    dq, dk, dv = np.zeros_like(qh), np.zeros_like(kh), np.zeros_like(vh)
+    for h in range(M.hq):
+        p = probs[h]
+        dp = dah[h].T @ vh[h // g]                                  # [S_q, S_k]
+        ds = p * (dp - (p * dp).sum(axis=1, keepdims=True)) / math.sqrt(M.hd)
+        dq[h] = kh[h // g] @ ds.T
+        dk[h // g] += qh[h] @ ds
+        dv[h // g] += dah[h] @ p
+    return {"dq": dq.reshape(q.shape), "dk": dk.reshape(k.shape), "dv": dv.reshape(v.shape)}
+
+
+def qkv_inputs(seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((M.q, M.s)), rng.standard_normal((M.kv, M.s)),
+            rng.standard_normal((M.kv, M.s)), rng.standard_normal((M.q, M.s)))
+
+
+def test_sdpa_fwd_matches_numpy():
+    q, k, v, _ = qkv_inputs(7)
+    got = run(build_graph("sdpa_fwd", M), {"q": q[None, :, None], "k": k[None, :, None],
+                                           "v": v[None, :, None]})
+    assert rel_err(got["attn"], attention_ref(q, k, v)[0]) <= 1e-2
+
+
+def test_sdpa_bwd_matches_numpy():
+    q, k, v, da = qkv_inputs(8)
+    got = run(build_graph("sdpa_bwd", M), {"q": q[None, :, None], "k": k[None, :, None],
+                                           "v": v[None, :, None], "da": da[None, :, None]})
+    ref = attention_bwd_ref(q, k, v, da)
+    for name in ("dq", "dk", "dv"):
+        assert rel_err(got[name], ref[name]) <= 1e-2, (name, rel_err(got[name], ref[name]))
+
+
+def test_flops_count_the_matmuls():
+    # qkv is three projections and nothing else: 2·S·D·(Q + 2·KV)
+    assert graph_flops(build_graph("qkv", M)) == 2 * M.s * M.d * (M.q + 2 * M.kv)
+    static = {r: np.zeros((pk.channels, c), np.float32) for pk in layouts(M)["qkv"].values()
+              for r, c in pk.weights}
+    assert graph_flops(build_graph("qkv", M, static)) == 2 * M.s * M.d * (M.q + 2 * M.kv)
+
+
+def test_kernels_take_the_strict_profile():
+    # no concat, named transposes, alphabetical names (no io_naming prefixes) for every kernel
+    for kind in list(WEIGHTED) + ["sdpa_fwd", "sdpa_bwd"]:
+        art = compile_graph(build_graph(kind, M), STRICT)
+        assert "concat(" not in art.mil_text
+        names = [s.name for s in art.signature.inputs] + [s.name for s in art.signature.outputs]
+        assert not any(n[:1] in "io" and n[1:2].isdigit() for n in names), (kind, names)
