@@ -1,7 +1,11 @@
 """`anelm compile`: write the kernels of a transformer layer as kernel folders for inspection.
 
     anelm compile --arch llama --dim 768 --heads 12 --hidden 2048 --seq 256 --out kernels/
+    anelm compile --kind train --dim 768 --heads 12 --hidden 2048 --seq 256 --out kernels/
 
+`--kind layer` (default) writes whole decoder layers with baked weights, as inference runs
+them; `--kind train` writes the ten dynamic-weight training kernels (forward and dx), which
+take their weights in the input's spatial columns and so compile once for every layer.
 Each folder holds `model.mil`, `weights/*.bin` and `signature.json`; `anelm run-mil` runs it.
 Weights are random (seeded) unless `--model` names an HF folder to take layer weights from.
 """
@@ -18,6 +22,8 @@ from .common import positive_int
 
 
 def add_args(p):
+    p.add_argument("--kind", choices=["layer", "train"], default="layer",
+                   help="decoder layers (inference) or the dynamic training kernels")
     p.add_argument("--arch", choices=["llama", "qwen3", "gpt2"], default="llama")
     p.add_argument("--dim", type=positive_int, default=256, help="hidden size (default 256)")
     p.add_argument("--heads", type=positive_int, default=4, help="query heads (default 4)")
@@ -56,6 +62,19 @@ def layer_graph(arch: str, cfg, seed: int, seq: int):
     return llama_block(cfg, w, seq)
 
 
+def graphs(args, cfg):
+    """(folder name, graph) for each kernel to write."""
+    if args.kind == "train":
+        if args.arch == "gpt2":
+            raise AnelmError("--kind train supports the Llama family (llama, qwen3), not gpt2")
+        from ..train.kernels import KINDS, Dims, build_graph
+
+        dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                    cfg.num_key_value_heads, cfg.head_dim, args.seq)
+        return [(kind, build_graph(kind, dims)) for kind in KINDS]
+    return [(f"layer{i:02d}", layer_graph(args.arch, cfg, args.seed + i, args.seq)) for i in range(args.layers)]
+
+
 def run(args) -> int:
     from ..compiler.pipeline import compile_graph
     from ..device.profile import load_profile
@@ -63,11 +82,11 @@ def run(args) -> int:
     profile = load_profile(args.profile)
     cfg = layer_config(args)
     out = Path(args.out)
-    for layer in range(args.layers):
+    for name, graph in graphs(args, cfg):
         t0 = time.perf_counter()
-        art = compile_graph(layer_graph(args.arch, cfg, args.seed + layer, args.seq), profile)
+        art = compile_graph(graph, profile)
         ms = 1e3 * (time.perf_counter() - t0)
-        folder = out / f"layer{layer:02d}"
+        folder = out / name
         art.save(folder)
         wmb = sum(len(b) for b in art.weights.values()) / 2**20
         n_ops = sum(1 for line in art.mil_text.splitlines() if "= " in line and "const()" not in line)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AnelmError
-from .common import add_device_args, device_from_args
+from .common import add_device_args
 
 
 def add_args(p):
@@ -40,9 +40,13 @@ def run(args) -> int:
 
     if not Path(args.dir).is_dir():
         raise AnelmError(f"kernel folder '{args.dir}' not found; expected a folder with model.mil and weights/")
-    device, profile = device_from_args(args)
-    art = Artifact.load(args.dir, profile)
+    from ..device.profile import load_profile
+    from ..device.select import get_device
+
+    profile = load_profile(args.profile)
+    art = Artifact.load(args.dir, profile)  # bad folders fail before a device is chosen
     arrays = read_npz(args.inputs)
+    device = get_device(args.device, profile)
     outputs = Kernel(art, device).run(arrays)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

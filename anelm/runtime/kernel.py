@@ -38,6 +38,8 @@ def _as_input(spec, array) -> np.ndarray:
     a = np.asarray(array)
     if a.shape != tuple(spec.shape):
         raise ShapeError(f"input '{spec.name}': expected shape {list(spec.shape)}, got {list(a.shape)}")
+    if a.dtype.kind not in "biuf":
+        raise ShapeError(f"input '{spec.name}': expected numbers castable to {spec.dtype}, got dtype {a.dtype}")
     return np.ascontiguousarray(a, dtype=storage_dtype(spec.dtype))
 
 
