@@ -19,9 +19,10 @@ def shared_path(*parts: str) -> Path:
     return p
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def fresh_compile_count():
-    """Each test that counts compiles starts as a fresh process would, at zero."""
+    """Every test starts as a fresh process would, at zero compiles: the strict budget of 119
+    per process is a per-test budget here, so no test fails for what earlier tests compiled."""
     from anelm.device import base
 
     base.reset_compile_count()

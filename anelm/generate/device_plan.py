@@ -1,0 +1,126 @@
+"""Sizes of the device pipeline's programs, within the compile budget, and its KV cache.
+
+Programs are compiled per layer (each layer's weights are consts baked into its program, so
+layers cannot share one), lazily, the first time a size is needed:
+
+    prefill buckets  P: a prompt of n tokens runs padded to the smallest bucket >= n
+    decode tiers     D: a token at position p reads a cache input of the smallest tier > p
+
+so a process that uses every size compiles L × (|P| + |D|) programs, and one generation
+compiles L × (prefill buckets used + decode tiers used). The budget is 119 compiles per
+process (strict §2.7), of which RESERVE are left to whatever else the process compiles:
+
+    L × (|P| + |D|) <= budget − RESERVE
+
+GPT-2 124M (L = 12, context 1024): P = 16, 64, 256, 1024 and D = 64, 128, 256, 512, 1024
+give 12 × 9 = 108 <= 111; a generation from a short prompt to position ~100 compiles
+12 × (1 + 2) = 36. Deeper models get fewer sizes (`plan_sizes`: a ladder is thinned where
+neighbouring sizes are closest, and the largest of each always stays): Qwen3-0.6B (L = 28,
+context capped at 4096) gets P = 16, 1024 and D = 4096, 84 compiles at most.
+
+Why tiers rather than one decode program per layer at the full context (which would compile
+L × (buckets used + 1)): a decode program reads its whole cache input every step, whatever
+the position. On the emulator that is an fp16 -> fp32 conversion of 2 × C × T values per layer
+and token; GPT-2 at T = 1024 spends ~60 ms per token on it, at T = 128 ~7 ms, against ~45 ms
+for all the rest of the token. The price is up to |D| − 1 extra compiles per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DeviceError
+
+RESERVE = 8  # compiles left for other kernels of the same process
+PREFILL_MIN = 16  # smallest bucket: a short prompt costs one 16-column pass
+PREFILL_MAX = 1024  # [H, S, S] scores: 12 heads × 1024² × 2 B = 24 MiB, inside the 32 MiB SRAM
+DECODE_MIN = 64  # smallest cache tier
+MAX_CONTEXT = 4096  # default cap on the device context: cache inputs are C × T × 2 bytes each
+
+
+def ladder(lo: int, hi: int) -> list[int]:
+    """lo, 2·lo, 4·lo, ... below hi, then hi itself."""
+    sizes, s = [], lo
+    while s < hi:
+        sizes.append(s)
+        s *= 2
+    return sizes + [hi]
+
+
+def thin(sizes: list[int]) -> list[int]:
+    """Drop the inner size whose neighbours are closest (ties: the larger one)."""
+    if len(sizes) <= 1:
+        return sizes
+    if len(sizes) == 2:
+        return sizes[1:]
+    _, i = min((sizes[i + 1] / sizes[i - 1], -i) for i in range(1, len(sizes) - 1))
+    return sizes[:-i] + sizes[-i + 1:]  # i is the negated index of the dropped size
+
+
+@dataclass(frozen=True)
+class SizePlan:
+    prefill: tuple[int, ...]  # buckets, ascending
+    decode: tuple[int, ...]  # cache tiers, ascending; the last is the context
+    layers: int
+
+    @property
+    def context(self) -> int:
+        return self.decode[-1]
+
+    @property
+    def max_compiles(self) -> int:
+        return self.layers * (len(self.prefill) + len(self.decode))
+
+    def bucket(self, n: int) -> int:
+        """The prefill bucket for n tokens; n <= prefill[-1]."""
+        return next(b for b in self.prefill if b >= n)
+
+    def tier(self, position: int) -> int:
+        """The cache tier for a token at `position`: it reads `position` past keys and writes one."""
+        return next(t for t in self.decode if t > position)
+
+
+def plan_sizes(layers: int, context: int, budget: int) -> SizePlan:
+    """Buckets and tiers for a model of `layers` layers and `context` positions within `budget`."""
+    slots = (budget - RESERVE) // layers if budget > RESERVE else 0
+    if slots < 2:
+        raise DeviceError(f"a {layers}-layer model needs at least {2 * layers} compiles (a prefill and a "
+                          f"decode program per layer); the compile budget allows {max(budget - RESERVE, 0)}")
+    prefill = ladder(min(PREFILL_MIN, context), min(PREFILL_MAX, context))
+    decode = ladder(min(DECODE_MIN, context), context)
+    while len(prefill) + len(decode) > slots:
+        # Thin the longer ladder, prefill on ties (decode tiers set the cost of every token), but
+        # keep a small bucket while decode can give: padding multiplies a short prompt's work.
+        if len(decode) > 1 and (len(prefill) <= 2 or len(decode) > len(prefill)):
+            decode = thin(decode)
+        else:
+            prefill = thin(prefill)
+    return SizePlan(tuple(prefill), tuple(decode), layers)
+
+
+class DeviceCache:
+    """Keys and values of every layer, fp16 `[L, C, W]` (`[1, C, 1, W]` per layer as the
+    kernels read them), W grown to the decode tier in use so a layer's slice is one block.
+
+    `length` counts the positions stored; prefill and decode write at `length`, then advance.
+    """
+
+    def __init__(self, layers: int, channels: int, capacity: int):
+        self.length, self.capacity = 0, capacity
+        self.k = np.zeros((layers, channels, 0), np.float16)
+        self.v = np.zeros_like(self.k)
+
+    @property
+    def width(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, width: int) -> None:
+        """Make room for `width` positions (exactly: the decode inputs are W-wide slices)."""
+        if width > self.width:
+            pad = [(0, 0), (0, 0), (0, width - self.width)]
+            self.k, self.v = np.pad(self.k, pad), np.pad(self.v, pad)
+
+    def advance(self, n: int) -> None:
+        self.length += n

@@ -1,0 +1,168 @@
+"""The device pipeline: GPT-2, Llama and Qwen3 on the ANE (or the emulator) with a KV cache.
+
+    runner = build_runner(config, weights, "emulator")    # a Runner (anelm.generate.runner)
+    cache = runner.new_cache()
+    logits = runner.prefill(prompt_ids, cache, last_only=True)
+    logits = runner.decode(token, cache)
+
+What runs where:
+- Embedding (and GPT-2's learned positions) on the CPU: a row lookup, no arithmetic to offload.
+- Every decoder layer on the device, one program per layer and size (device_plan.py has the
+  budget arithmetic):
+  * prefill (`kernels/prefill.py`): the prompt zero-padded to a bucket, x `[1, D, 1, S]` in,
+    the next hidden state and the layer's K (post-RoPE) and V out as one multi-output program;
+    K/V fill the cache, which keeps the `[1, C, 1, S]` layout the decode programs read.
+  * decode (`kernels/decode.py`): one token, x `[1, D, 1, 1]`, with the layer's cache, an
+    additive mask over the unused slots and RoPE cos/sin as inputs, so the program is compiled
+    once per layer and cache tier, never per token; k_new/v_new come back and the host
+    appends them at the token's position.
+- Final norm and vocabulary projection on the CPU in float32, for every model. GPT-2's tied
+  wte is 50257 × 768 × 2 B = 73 MiB in fp16, over twice the ~32 MiB on-chip SRAM: on the
+  device it would take at least three vocabulary chunks (three more programs out of the
+  compile budget), each streamed from DRAM for one token's 768 inputs, so the product is
+  bandwidth-bound wherever it runs. The CPU's BLAS reads the matrix once per token and keeps
+  the logits exact given the last layer's fp16 output.
+
+A prompt that continues a non-empty cache (a chat turn) and the part of a prompt beyond the
+largest bucket run through the decode programs, one token at a time: prefill programs start at
+position 0, which is what lets one program serve every prompt of its bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..compiler.pipeline import compile_graph
+from ..device.base import Device
+from ..device.select import get_device
+from ..kernels.decode import decode_layer, decode_mask
+from ..kernels.prefill import layer_params, layer_shape, prefill_layer, rope_full_tables
+from ..models.layers import rope_inv_freq, rope_tables
+from ..models.loading import build_model
+from ..runtime.kernel import Kernel
+from .device_plan import MAX_CONTEXT, DeviceCache, plan_sizes
+
+
+def build_runner(config: Any, weights: dict[str, np.ndarray], device: str | Device = "auto",
+                 max_context: int | None = None) -> "DeviceRunner":
+    """The device Runner for `config` and sanitized float32 `weights` (anelm.models.loading).
+
+    `device` is "auto" | "ane" | "emulator" (anelm.device.select, profile from ANELM_PROFILE)
+    or a Device. `max_context` caps the positions a cache holds (default: the model's context,
+    at most MAX_CONTEXT, since every decode step reads its cache tier whole).
+    """
+    dev = device if isinstance(device, Device) else get_device(device)
+    return DeviceRunner(config, weights, dev, max_context)
+
+
+def layer_weights(config: Any, weights: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """Layer i's weights keyed by the HF names inside the layer (`self_attn.q_proj.weight`...)."""
+    prefix = f"transformer.h.{i}." if config.model_type == "gpt2" else f"model.layers.{i}."
+    return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+
+
+class DeviceRunner:
+    """A Runner whose decoder layers run as compiled programs on `device`."""
+
+    def __init__(self, config: Any, weights: dict[str, np.ndarray], device: Device,
+                 max_context: int | None = None):
+        self.config = config
+        self.cpu = build_model(config, weights)  # checks every weight; embed and head run on it
+        self.dev, self.device = device, device.name
+        n = config.num_hidden_layers
+        context = min(config.max_position_embeddings, max_context or MAX_CONTEXT)
+        self.plan = plan_sizes(n, context, device.profile.compile_budget)
+        self.shapes = [layer_shape(config, i) for i in range(n)]
+        # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
+        self.layers = [layer_params(s, layer_weights(config, self.cpu.weights, i))
+                       for i, s in enumerate(self.shapes)]
+        self.rope = config.model_type != "gpt2"
+        if self.rope:
+            self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.kernels: dict[tuple[str, int, int], Kernel] = {}  # (kind, layer, size), compiled on first use
+
+    # --- Runner interface -------------------------------------------------------------------
+    def new_cache(self) -> DeviceCache:
+        return DeviceCache(self.config.num_hidden_layers, self.shapes[0].kv_channels, self.plan.context)
+
+    def prefill(self, ids: Sequence[int], cache: DeviceCache, last_only: bool = False) -> np.ndarray:
+        """Run `ids` at positions cache.length..; logits [T, V] ([1, V] when `last_only`)."""
+        ids = self.cpu._check_ids(ids, cache)  # the CPU model's checks: vocabulary and context
+        hidden, start = [], 0
+        if cache.length == 0:
+            start = min(len(ids), self.plan.prefill[-1])
+            hidden.append(self._prefill_hidden(ids[:start], cache))
+        hidden += [self._decode_hidden(int(t), cache) for t in ids[start:]]
+        h = np.concatenate(hidden)  # [T, D]
+        return self.cpu.head(h[-1:] if last_only else h)
+
+    def decode(self, token: int, cache: DeviceCache) -> np.ndarray:
+        """One token at position cache.length; logits [V]."""
+        self.cpu._check_ids([token], cache)
+        return self.cpu.head(self._decode_hidden(int(token), cache))[0]
+
+    def close(self) -> None:
+        """Release every kernel (the programs stay in the process-wide cache until evicted)."""
+        for k in self.kernels.values():
+            k.close()
+        self.kernels.clear()
+
+    # --- the device passes ------------------------------------------------------------------
+    def _prefill_hidden(self, ids: np.ndarray, cache: DeviceCache) -> np.ndarray:
+        """Positions 0..n-1 through every layer's bucket program; fills the cache; [n, D]."""
+        n, d = len(ids), self.config.hidden_size
+        seq = self.plan.bucket(n)
+        cache.reserve(self.plan.tier(n - 1))  # room for n positions, in the tier decode reads next
+        x = np.zeros((1, d, 1, seq), np.float16)
+        x[0, :, 0, :n] = self.cpu.embed(ids, np.arange(n)).T  # [n, D] -> [D, n]
+        for i in range(len(self.layers)):
+            out = self._kernel("prefill", i, seq).run({"x": x})
+            cache.k[i, :, :n] = out["k"].reshape(-1, seq)[:, :n]  # [Hkv, 1, Dh, S] -> [C, S] -> [C, n]
+            cache.v[i, :, :n] = out["v"].reshape(-1, seq)[:, :n]
+            x = out["y"]
+            # Padding columns restart from zeros: masked keys get exactly zero probability, but
+            # 0·inf is NaN, so a padding value grown to inf over the layers would leak into real rows.
+            x[..., n:] = 0
+        cache.advance(n)
+        return x[0, :, 0, :n].T.astype(np.float32)  # [D, n] -> [n, D]
+
+    def _decode_hidden(self, token: int, cache: DeviceCache) -> np.ndarray:
+        """The token at position cache.length through every layer; appends its K/V; [1, D]."""
+        pos, d, s = cache.length, self.config.hidden_size, self.shapes[0]
+        tier = self.plan.tier(pos)
+        cache.reserve(tier)
+        x = self.cpu.embed(np.array([token]), np.array([pos])).astype(np.float16)
+        x = x.reshape(1, d, 1, 1)  # [1, D] -> [1, D, 1, 1]
+        heads = (s.kv_heads, 1, s.head_dim, tier)
+        step = {"mask": decode_mask(pos, tier)}
+        if self.rope:
+            cos, sin = rope_full_tables(*rope_tables(np.array([pos]), self.inv_freq))  # [1, 1, Dh, 1]
+            step.update(cos=cos, sin=sin)
+        for i in range(len(self.layers)):
+            out = self._kernel("decode", i, tier).run({
+                "x": x, **step,
+                "k_cache": cache.k[i, :, :tier].reshape(heads),  # [C, T] -> [Hkv, 1, Dh, T]
+                "v_cache": cache.v[i, :, :tier].reshape(heads)})
+            cache.k[i, :, pos] = out["k_new"].reshape(-1)  # [Hkv, 1, Dh, 1] -> [C]
+            cache.v[i, :, pos] = out["v_new"].reshape(-1)
+            x = out["y"]
+        cache.advance(1)
+        return x.reshape(1, d).astype(np.float32)  # [1, D, 1, 1] -> [1, D]
+
+    def _kernel(self, kind: str, i: int, size: int) -> Kernel:
+        """The program of layer i for a prefill bucket or decode tier, compiled on first use."""
+        key = (kind, i, size)
+        if key not in self.kernels:
+            s, w = self.shapes[i], self.layers[i]
+            if kind == "prefill":
+                rope = rope_full_tables(*rope_tables(np.arange(size), self.inv_freq)) if self.rope else None
+                graph = prefill_layer(s, w, size, rope, name=f"prefill_l{i}_s{size}")
+            else:
+                graph = decode_layer(s, w, size, self.rope, name=f"decode_l{i}_t{size}")
+            art = compile_graph(graph, self.dev.profile)
+            # inputs and outputs are declared in alphabetical order: MIL names are ours
+            assert not art.meta["aliases"], f"{graph.name}: surfaces were renamed {art.meta['aliases']}"
+            self.kernels[key] = Kernel(art, self.dev)
+        return self.kernels[key]

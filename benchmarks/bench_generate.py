@@ -1,0 +1,142 @@
+"""Generation speed: the device pipeline on the emulator against HF `transformers` on the CPU.
+
+A GPT-2-124M-shaped model (12 layers, 768 wide, 12 heads, vocabulary 50257, context 1024;
+random weights) is built with `transformers` from a config and saved with `save_pretrained` to
+a temporary folder; both sides load that folder. Measured in the same run on the same machine:
+
+- prefill: prompt in, first token's logits out (ms), prompt of --prompt tokens;
+- decode: greedy tokens per second over --tokens tokens after the first;
+
+for anelm (`build_runner(..., "emulator")`, kernels compiled before timing: compiles are a
+one-off per process, reported apart) and for HF `generate` (greedy, `use_cache=True`, the same
+prompt and token count; one warm-up run first). The two take turns, round by round, and the
+best round of each counts: other processes on the machine slow both alike. Ratios are HF time / anelm time (prefill) and
+anelm rate / HF rate (decode): above 1 means anelm is faster.
+
+Threads: numpy's BLAS and torch get the same count, --threads (default 1), set before either
+library loads (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads).
+
+    python benchmarks/bench_generate.py [--prompt 32] [--tokens 64] [--threads 1] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--prompt", type=int, default=32, help="prompt length in tokens (default 32)")
+    p.add_argument("--tokens", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--threads", type=int, default=1, help="BLAS/torch threads, both sides (default 1)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per side; the best is kept (default 3)")
+    p.add_argument("--layers", type=int, default=12, help="decoder layers (default 12, GPT-2 124M)")
+    return p.parse_args()
+
+
+def set_threads(n: int) -> None:
+    # must run before numpy/torch load: their thread pools read these once
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+
+
+def make_model(folder: str, layers: int):
+    import torch
+    import transformers
+
+    cfg = transformers.GPT2Config(n_layer=layers)  # the 124M shape: 768 wide, 12 heads, 50257 tokens
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def hf_side(model, prompt: list[int], tokens: int):
+    """One HF round: (prefill s, decode s for tokens-1 steps) of greedy `generate`."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    kw = dict(do_sample=False, use_cache=True, pad_token_id=0)
+
+    def run(n: int) -> float:
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        return time.perf_counter() - t
+
+    first = run(1)  # prompt in, one token out
+    return first, run(tokens) - first
+
+
+def anelm_side(folder: str):
+    """The emulator runner for the saved model (nothing compiled yet)."""
+    from anelm.device.emulator import Emulator
+    from anelm.generate.pipeline import build_runner
+    from anelm.models.loading import load_model
+
+    config, weights, _ = load_model(folder)
+    return build_runner(config, weights, Emulator())
+
+
+def greedy(runner, prompt: list[int], tokens: int) -> tuple[float, float]:
+    """One anelm round: (prefill s, decode s for tokens-1 steps) of greedy generation."""
+    import numpy as np
+
+    cache = runner.new_cache()
+    t0 = time.perf_counter()
+    token = int(np.argmax(runner.prefill(prompt, cache, last_only=True)[-1]))
+    t1 = time.perf_counter()
+    for _ in range(tokens - 1):
+        token = int(np.argmax(runner.decode(token, cache)))
+    return t1 - t0, time.perf_counter() - t1
+
+
+def rounds(sides: dict, repeat: int) -> dict[str, tuple[float, float]]:
+    """Best (prefill s, decode s) per side over `repeat` rounds, the sides taking turns so that
+    a machine whose load changes over the run slows both alike."""
+    best = {name: (float("inf"), float("inf")) for name in sides}
+    for _ in range(repeat):
+        for name, run in sides.items():
+            p, d = run()
+            best[name] = (min(best[name][0], p), min(best[name][1], d))
+    return best
+
+
+def main() -> int:
+    args = parse_args()
+    set_threads(args.threads)
+    import numpy as np
+    import torch
+
+    from anelm.device.base import compile_count
+
+    torch.set_num_threads(args.threads)
+    prompt = np.random.default_rng(0).integers(0, 50257, args.prompt).tolist()
+    with tempfile.TemporaryDirectory(prefix="anelm-bench-") as folder:
+        model = make_model(folder, args.layers)
+        runner = anelm_side(folder)
+    hf_side(model, prompt, 2)  # warm-up: first-call allocations and dispatch caches
+    t, before = time.perf_counter(), compile_count()
+    greedy(runner, prompt, args.tokens)  # compiles the prompt's bucket and the decode tiers it reaches
+    compile_s, compiles = time.perf_counter() - t, compile_count() - before
+    best = rounds({"hf": lambda: hf_side(model, prompt, args.tokens),
+                   "anelm": lambda: greedy(runner, prompt, args.tokens)}, args.repeat)
+    (hf_p, hf_d), (a_p, a_d) = best["hf"], best["anelm"]
+    hf_rate, a_rate = (args.tokens - 1) / hf_d, (args.tokens - 1) / a_d
+    used = ", ".join(f"{kind} {size}" for kind, size in sorted({(k, s) for k, _, s in runner.kernels}))
+    print(f"GPT-2 shape: {args.layers} layers, 768 wide, vocabulary 50257; prompt {args.prompt} tokens, "
+          f"{args.tokens} generated; {args.threads} thread(s) for numpy BLAS and torch; best of {args.repeat}")
+    print(f"anelm (emulator): prefill {a_p * 1e3:.0f} ms, decode {a_rate:.2f} tokens/s "
+          f"({compiles} compiles in {compile_s:.1f} s before timing; programs per layer: {used})")
+    print(f"HF transformers {sys.modules['transformers'].__version__} (CPU): prefill {hf_p * 1e3:.0f} ms, "
+          f"decode {hf_rate:.2f} tokens/s")
+    print(f"ratio: prefill {hf_p / a_p:.2f}x HF's speed, decode {a_rate / hf_rate:.2f}x HF's rate")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

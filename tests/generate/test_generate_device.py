@@ -1,0 +1,195 @@
+"""The device pipeline (anelm.generate.pipeline) on the emulator against HF `transformers`.
+
+Oracles: tiny random HF models built from a config and saved with `save_pretrained`
+(tests/models/hf_tiny.py), run by torch in float32. The pipeline runs every decoder layer as
+a program our compiler made, in fp16 on the emulator, so the tolerances are CONTRACTS §6:
+whole-model logits ≤ 3e-2 of max|ref|, and greedy choices equal to HF's except where HF's own
+top-2 margin is under 5 % of max|logit|. The models' weights are drawn large (hf_tiny: std
+0.3, a sharp output distribution), yet with 96 random logits about a third of the steps are
+such near-ties; the tests count the decisive steps so that they cannot pass on ties alone.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_spec = importlib.util.spec_from_file_location("hf_tiny", Path(__file__).resolve().parents[1] / "models" / "hf_tiny.py")
+hf_tiny = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hf_tiny)
+torch = hf_tiny.torch
+
+from anelm.device.base import compile_count  # noqa: E402
+from anelm.device.emulator import Emulator  # noqa: E402
+from anelm.device.profile import STRICT  # noqa: E402
+from anelm.generate.device_plan import plan_sizes  # noqa: E402
+from anelm.generate.pipeline import build_runner  # noqa: E402
+from anelm.generate.runner import Runner, make_runner  # noqa: E402
+from anelm.models.errors import ContextError  # noqa: E402
+from anelm.models.loading import load_model  # noqa: E402
+
+KINDS = ["gpt2", "llama-mha", "llama-gqa", "llama-rope3", "qwen3-tied", "qwen3-untied"]
+PROMPTS = [[1, 5, 9, 22], [1] + list(range(40, 61)), [7], list(range(70, 86))]  # buckets 16, 32, 16, 16
+N_NEW = 12
+LOGITS_TOL = 3e-2  # §6: logits of a whole tiny model
+KV_TOL = 1e-2  # two fp16 device paths of the same arithmetic (cached decode vs one prefill pass)
+NOBUDGET = STRICT.replace(compile_budget=10**9)  # the process-wide count spans every test file
+
+
+@pytest.fixture(scope="module")
+def device():
+    return Emulator(NOBUDGET)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, device):
+    """kind -> (runner, HF model, config)."""
+    root = tmp_path_factory.mktemp("device")
+    out = {}
+    for i, kind in enumerate(KINDS):
+        hf = hf_tiny.make_hf(kind, root / kind, seed=10 + i)
+        config, weights, _ = load_model(root / kind)
+        out[kind] = (build_runner(config, weights, device), hf, config)
+    return out
+
+
+def greedy_run(runner, prompt, n):
+    """(tokens, per-step logits [n, V]) of greedy generation through prefill + decode."""
+    cache = runner.new_cache()
+    logits = [runner.prefill(prompt, cache, last_only=True)[-1]]
+    tokens = [int(np.argmax(logits[-1]))]
+    for _ in range(n - 1):
+        logits.append(runner.decode(tokens[-1], cache))
+        tokens.append(int(np.argmax(logits[-1])))
+    return tokens, np.stack(logits)
+
+
+def check_choice(theirs: np.ndarray, tok: int, step: int) -> bool:
+    """Our token against HF's greedy choice under the tie rule; True when HF's was decisive."""
+    top2 = np.sort(theirs)[-2:]
+    if (top2[1] - top2[0]) / np.abs(theirs).max() < 0.05:
+        return False  # a near-tie: either choice is HF-consistent (CONTRACTS §6)
+    assert tok == int(np.argmax(theirs)), f"step {step}: chose {tok}, HF {int(np.argmax(theirs))}"
+    return True
+
+
+def check_against_hf(hf, prompt, tokens, logits) -> int:
+    """HF on prompt + our tokens, teacher-forced: the same choice at every step (tie rule),
+    logits within §6. Returns how many steps were decisive."""
+    ref = hf_tiny.hf_logits(hf, prompt + tokens)[len(prompt) - 1: len(prompt) - 1 + len(tokens)]
+    decisive = 0
+    for step, (ours, theirs, tok) in enumerate(zip(logits, ref, tokens)):
+        err = hf_tiny.rel_err(ours, theirs)
+        assert err <= LOGITS_TOL, f"step {step}: logits differ by {err:.4f} of max|ref|"
+        decisive += check_choice(theirs, tok, step)
+    return decisive
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_generation_follows_hf(models, kind):
+    runner, hf, _ = models[kind]
+    assert isinstance(runner, Runner) and runner.device == "emulator"
+    decisive = sum(check_against_hf(hf, p, *greedy_run(runner, p, N_NEW)) for p in PROMPTS)
+    assert decisive >= 0.5 * N_NEW * len(PROMPTS), f"only {decisive} decisive steps: the check is vacuous"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefill_logits_of_every_position_match_hf(models, kind):
+    runner, hf, _ = models[kind]
+    ids = np.random.default_rng(3).integers(0, 96, 40).tolist()  # bucket 64: all of the context's ladder
+    got = runner.prefill(ids, runner.new_cache())
+    assert got.shape == (40, 96)
+    assert hf_tiny.rel_err(got, hf_tiny.hf_logits(hf, ids)) <= LOGITS_TOL
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cached_decode_matches_full_recompute(models, kind):
+    runner, _, _ = models[kind]
+    prompt, more = [1, 5, 9, 22, 3], np.random.default_rng(1).integers(0, 96, 14).tolist()
+    cache = runner.new_cache()
+    steps = [runner.prefill(prompt, cache, last_only=True)[-1]]
+    steps += [runner.decode(t, cache) for t in more[:8]]
+    steps += list(runner.prefill(more[8:], cache))  # a continued prompt (chat turn) runs via decode
+    assert cache.length == len(prompt) + len(more)
+    full = runner.prefill(prompt + more, runner.new_cache())[len(prompt) - 1:]
+    err = hf_tiny.rel_err(np.stack(steps), full)
+    assert err <= KV_TOL, err
+
+
+def test_compiles_per_layer_and_bucket_not_per_token(models):
+    _, _, config = models["llama-gqa"]
+    runner = build_runner(config, models["llama-gqa"][0].cpu.weights, Emulator(NOBUDGET))
+    layers, before = config.num_hidden_layers, compile_count()
+    greedy_run(runner, [1, 5, 9], 20)  # bucket 16, positions 3..22: one decode tier
+    assert compile_count() - before == layers * (1 + 1)
+    greedy_run(runner, [4, 8, 15, 16, 23, 42], 20)  # same bucket and tier: nothing new
+    greedy_run(runner, list(range(3, 30)), 6)  # bucket 32
+    assert compile_count() - before == layers * (2 + 1)
+    assert sorted({(kind, size) for kind, _, size in runner.kernels}) == [("decode", 64), ("prefill", 16),
+                                                                          ("prefill", 32)]
+    for k in runner.kernels.values():
+        assert "concat" not in k.artifact.mil_text and "gelu" not in k.artifact.mil_text
+
+
+def test_size_plan_fits_the_compile_budget():
+    gpt2 = plan_sizes(12, 1024, 119)
+    assert gpt2.prefill == (16, 64, 256, 1024) and gpt2.decode == (64, 128, 256, 512, 1024)
+    assert gpt2.max_compiles <= 119 - 8 and gpt2.bucket(32) == 64 and gpt2.tier(64) == 128
+    deep = plan_sizes(28, 4096, 119)  # Qwen3-0.6B's depth: 3 programs per layer
+    assert deep.prefill == (16, 1024) and deep.decode == (4096,) and deep.max_compiles == 84
+    tiny = plan_sizes(2, 64, 119)
+    assert tiny.prefill == (16, 32, 64) and tiny.decode == (64,)
+    with pytest.raises(Exception, match="compile budget"):
+        plan_sizes(60, 1024, 119)
+
+
+def test_context_is_enforced(models):
+    runner, _, config = models["gpt2"]
+    cache = runner.new_cache()
+    assert cache.capacity == config.max_position_embeddings == 64
+    with pytest.raises(ContextError):
+        runner.prefill(list(range(65)), cache)
+    runner.prefill(list(range(63)), cache, last_only=True)
+    runner.decode(5, cache)  # position 63, the last
+    with pytest.raises(ContextError):
+        runner.decode(5, cache)
+
+
+def test_make_runner_builds_the_device_pipeline(models, device):
+    _, _, config = models["qwen3-tied"]
+    runner = make_runner(config, models["qwen3-tied"][0].cpu.weights, device)
+    assert runner.device == "emulator" and type(runner).__name__ == "DeviceRunner"
+
+
+@pytest.fixture
+def cli_model(tmp_path):
+    """A tiny Llama GQA with a word-level tokenizer.json whose ids are the model's."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "<s>", "</s>"] + [f"w{i}" for i in range(3, 96)]
+    d = tmp_path / "llama"
+    hf = hf_tiny.make_hf("llama-gqa", d, seed=21)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(d / "tokenizer.json"))
+    return d, hf
+
+
+def test_cli_generate_on_the_emulator(cli_model, capsys, fresh_compile_count):
+    from anelm.cli.main import main
+
+    d, hf = cli_model
+    rc = main(["generate", "--model", str(d), "--device", "emulator", "--json", "--temperature", "0",
+               "--prompt", "w5 w9 w22 w40", "--max-tokens", "10"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and out.count("\n") == 1, err
+    res = json.loads(out)
+    assert res["device"] == "emulator" and res["prompt_ids"] == [5, 9, 22, 40]
+    assert "anelm: device: emulator" in err
+    prompt, ids = res["prompt_ids"], res["ids"]
+    # HF's choice after each prefix of ours; generation stops at EOS (2), which ids leave out
+    ref = hf_tiny.hf_logits(hf, prompt + ids)[len(prompt) - 1:]
+    expect = ids + ([] if len(ids) == 10 else [2])
+    assert len(ids) > 0 and sum(check_choice(theirs, tok, i) for i, (theirs, tok) in enumerate(zip(ref, expect))) > 0
