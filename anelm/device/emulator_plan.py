@@ -92,6 +92,14 @@ def make_rounder(dtype: str, profile: ChipProfile) -> Callable[[Any], Any]:
     return lambda a: np.asarray(a).astype(target)
 
 
+# ops whose results are some of their operand's values, rearranged (no arithmetic)
+MOVEMENT_OPS = frozenset({"reshape", "transpose", "slice_by_size", "slice_by_index", "concat", "identity"})
+
+
+def _unchanged(a: Any) -> Any:
+    return a
+
+
 def _as_f32(a: Any) -> np.ndarray:
     return np.array(a, dtype=np.float32)  # a copy: results never alias an input
 
@@ -256,13 +264,21 @@ class _Builder:
             raise ShapeError(f"node '{node}': {e}") from None
         self.check_types(st, node, tensors, params)
         step = Step(node, st.op, raw_compute(op), tensors, params,
-                    [(n, make_rounder(t.dtype, self.profile)) for t, n in st.results])
+                    [(n, self.rounder(st.op, tensors, t.dtype)) for t, n in st.results])
         for t, n in st.results:
             self.plan.types[n] = t
         if self.foldable(tensors):
             self.fold(step)
         else:
             self.plan.steps.append(step)
+
+    def rounder(self, op: str, tensors, dtype: str) -> Callable[[Any], Any]:
+        """Movement ops only rearrange values that are already rounded: rounding again is a no-op."""
+        first = tensors[0][1] if tensors else None
+        src = self.plan.types.get(first[0] if isinstance(first, list) else first) if first else None
+        if op in MOVEMENT_OPS and src is not None and src.dtype == dtype and dtype in FLOAT_DTYPES:
+            return _unchanged
+        return make_rounder(dtype, self.profile)
 
     def check_types(self, st: Statement, node: str, tensors, params) -> None:
         types = {k: [self.plan.types[i] for i in key] if isinstance(key, list) else self.plan.types[key]
