@@ -34,8 +34,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..errors import ShapeError, UsageError
-from ..models.layers import rope_inv_freq
 from ..models.config import LlamaConfig
+from ..models.layers import rope_inv_freq
+from ..runtime.threads import share_blas_between
 from . import cpu_ops as ops
 from .kernels import Dims
 from .kernels_bank import DynamicBank
@@ -92,6 +93,7 @@ class DeviceTrainStep:
         bank = DynamicBank if pipeline == "dynamic" else StaticBank
         self.bank = bank(self.dims, device, self.w, self.n_layers)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="anelm-dw")
+        self._blas = share_blas_between(2)  # device evals and dW run BLAS concurrently
         self._rope_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @property
@@ -135,6 +137,9 @@ class DeviceTrainStep:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self.bank.close()
+        if self._blas is not None:
+            self._blas.restore_original_limits()
+            self._blas = None
 
     def __enter__(self) -> "DeviceTrainStep":
         return self

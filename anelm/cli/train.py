@@ -1,0 +1,144 @@
+"""`anelm train`: train a Llama-family model, forward and dx on the device, the rest on the CPU.
+
+    anelm train                                   # tiny on the built-in stories, --device auto
+    anelm train --preset stories15m --data tinystories.bin --tokenizer tokenizer.model
+    anelm train --out runs/a --resume             # continue a run (killed or finished)
+    anelm train --init-from ~/models/SmolLM-135M --data notes.txt --steps 200
+
+The run folder (CONTRACTS §4) gets config.json, the tokenizer, metrics.jsonl, loss.png and
+checkpoints. Progress and notices go to stderr; the sample generated at the end goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from dataclasses import fields
+
+from .common import add_device_args, positive_int
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got '{text}'") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def _number(text: str, positive: bool) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (v == v and abs(v) != float("inf")) or v < 0 or (positive and v == 0):
+        want = "a positive number" if positive else "a number >= 0"
+        raise argparse.ArgumentTypeError(f"expected {want}, got '{text}'")
+    return v
+
+
+def _type(f):
+    """argparse type of a settings field, from its annotation and `kind` metadata."""
+    kind = f.metadata.get("kind")
+    is_float = "float" in str(f.type)
+    if kind == "positive":
+        return (lambda t: _number(t, True)) if is_float else positive_int
+    if kind == "nonneg":
+        return (lambda t: _number(t, False)) if is_float else _nonneg_int
+    if kind == "int":
+        return int
+    return str
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    from ..train.presets import TRAIN_DEFAULTS
+    from ..train.settings import TrainSettings
+
+    per_preset = {k for d in TRAIN_DEFAULTS.values() for k in d}
+    for f in fields(TrainSettings):
+        default = ""
+        if f.default is not None and "default" not in f.metadata["help"]:
+            default = f" (default: {'per preset, else ' if f.name in per_preset else ''}{f.default})"
+        kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
+        if not kw:
+            kw["metavar"] = f.metadata.get("metavar") or (
+                "X" if "float" in str(f.type) else "N" if f.metadata.get("kind") else f.name.upper())
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, type=_type(f),
+                       help=f.metadata["help"] + default, **kw)
+    p.add_argument("--out", default=None, metavar="RUN",
+                   help="run folder (default: runs/<timestamp>; required with --resume)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its latest checkpoint, towards the same --steps")
+    add_device_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..device.profile import load_profile
+    from ..device.select import get_device
+    from ..errors import UsageError
+    from ..train.loop import Trainer, sample_text, summary
+    from ..train.run import prepare
+    from ..train.settings import TrainSettings
+
+    if args.resume and not args.out:
+        raise UsageError("--resume needs --out RUN: the run folder to continue")
+    out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    profile = load_profile(args.profile)  # a bad profile fails before any work
+    explicit = {n: getattr(args, n) for n in TrainSettings.names()}
+    setup = prepare(explicit, out, args.resume)
+    ck = setup.checkpoint
+    if ck is not None and ck.step >= setup.args.steps and not ck.extra.get("pending_eval"):
+        _notice(f"nothing to do: {setup.run} already finished {ck.step} of "
+                f"{setup.args.steps} steps")
+        return 0
+    try:
+        device = get_device(args.device, profile)
+        trainer = Trainer(setup, device, budget=profile.compile_budget,
+                          restart=lambda: _reexec(setup, args))
+    except BaseException:
+        if setup.created:  # no device or no kernels: leave no half-started run behind
+            shutil.rmtree(setup.run, ignore_errors=True)
+        raise
+    _describe(setup)
+    try:
+        outcome = trainer.train()
+    finally:
+        trainer.close()
+    text = sample_text(setup, setup.args.sample_tokens, setup.args.seed)
+    if text is not None:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    _notice(summary(setup, outcome))
+    return 0
+
+
+def _describe(setup) -> None:
+    a, c = setup.args, setup.model_config
+    n = sum(int(p.size) for p in setup.params.values())
+    start = f"resuming at step {setup.checkpoint.step}" if setup.checkpoint else "from step 0"
+    _notice(f"run {setup.run}: {c.model_type} {n / 1e6:.2f}M parameters, {a.steps} steps of "
+            f"{a.batch_size}x{a.seq_len} tokens (x{a.grad_accum} accum), {a.pipeline} pipeline, {start}")
+    _notice(f"data: {setup.data.source}, {len(setup.data.train):,} train / "
+            f"{len(setup.data.val):,} held-out tokens, vocab {c.vocab_size}")
+
+
+def _reexec(setup, args: argparse.Namespace) -> None:
+    """Replace this process by `anelm train ... --resume` (same settings, device, profile)."""
+    argv = [sys.executable, "-m", "anelm", "train", *setup.settings.argv(),
+            f"--out={setup.run}", "--resume", f"--device={args.device}"]
+    if args.profile:
+        spec = os.path.abspath(args.profile) if os.path.exists(args.profile) else args.profile
+        argv.append(f"--profile={spec}")
+        os.environ["ANELM_PROFILE"] = spec  # CONTRACTS §2: the env var carries it too
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+
+
+def _notice(msg: str) -> None:
+    print(f"anelm: {msg}", file=sys.stderr, flush=True)

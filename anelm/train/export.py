@@ -1,0 +1,86 @@
+"""`anelm export RUN --out DIR`: a training run as a Hugging Face model folder.
+
+    DIR/config.json              HF field names, `architectures`, float32
+    DIR/model.safetensors        the latest checkpoint's weights (no optimizer state)
+    DIR/tokenizer.json ...       the run's tokenizer files, copied as they are
+    DIR/generation_config.json   BOS/EOS ids
+
+`transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads it. The folder is built in a
+temporary sibling and renamed into place, so an interrupted export leaves no half folder;
+an existing non-empty DIR is refused, never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import AnelmError
+from .checkpoint import latest_checkpoint
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tokenizer.bin",
+                   "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+
+
+class ExportError(AnelmError):
+    """A run that cannot be exported, or a destination that cannot take it."""
+
+
+def export_run(run: str | Path, out: str | Path) -> tuple[Path, int]:
+    """Write the HF folder; returns (folder, the step of the checkpoint exported)."""
+    from ..models.loading import load_model
+
+    run, out = Path(run), Path(out)
+    ckpt = run if run.is_file() else latest_checkpoint(run)
+    if ckpt is None:
+        raise ExportError(f"{run} has no checkpoints; expected a run folder written by anelm train "
+                          "(RUN/checkpoints/step-*.safetensors)")
+    src = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    config, weights, _ = load_model(ckpt)  # one checkpoint: the weights, checked against config
+    _check_destination(out)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent if out.parent.exists() else None,
+                                prefix=f".{out.name}.export-"))
+    try:
+        _write_folder(tmp, config, weights, src)
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(tmp), str(out))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out, _step_of(ckpt)
+
+
+def _check_destination(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out} already exists and is not an empty folder; expected a new --out "
+                          "folder (nothing was overwritten)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot create {out}: {e.strerror or e}; expected a writable --out") from None
+
+
+def _write_folder(d: Path, config, weights: dict[str, np.ndarray], run: Path) -> None:
+    from safetensors.numpy import save_file
+
+    cfg = {**config.to_dict(), "torch_dtype": "float32"}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    # "format": "pt" is what transformers expects in a safetensors header from a torch model
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()},
+              str(d / "model.safetensors"), metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        if (run / name).is_file():
+            shutil.copy2(run / name, d / name)
+    gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if cfg.get(k) is not None}
+    (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+
+
+def _step_of(ckpt: Path) -> int:
+    digits = "".join(ch for ch in ckpt.stem if ch.isdigit())
+    return int(digits) if digits else 0

@@ -1,0 +1,71 @@
+"""Where a run's first weights come from: a seeded random init, or a pretrained HF folder.
+
+Random init follows llama2.c's `_init_weights` (itself GPT-2's): every matrix and the
+embedding N(0, 0.02), the projections that write into the residual stream (attention output
+and MLP down) N(0, 0.02/√(2L)) so the residual's variance does not grow with depth, norm
+scales 1. llama2.c scales `w3` (the MLP *up* projection) by mistake; we scale `down_proj`,
+the residual one, as GPT-2 intends. The generator is numpy's PCG64 seeded with `--seed`, and
+tensors are drawn in the model's data-flow order, so a seed names one initial model.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .errors import TrainError
+
+RESIDUAL_PROJECTIONS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+TRAINABLE_TYPES = ("llama", "qwen3")  # what the device training step implements
+
+
+def model_config(cfg: dict):
+    """The `anelm.models` config dataclass for an HF config dict, checked trainable."""
+    from ..models.config import config_from_dict
+
+    config = config_from_dict(cfg, "model config")
+    if config.model_type not in TRAINABLE_TYPES:
+        raise TrainError(f"cannot train model_type {config.model_type!r}: expected one of "
+                         f"{', '.join(TRAINABLE_TYPES)}")
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        raise TrainError("cannot train a model with attention or MLP biases: expected "
+                         "attention_bias = mlp_bias = false (Llama/Qwen3 shapes)")
+    return config
+
+
+def weight_shapes(config) -> dict[str, tuple[int, ...]]:
+    """HF name → shape of every weight, in data-flow order (the architecture's own list)."""
+    from ..models.loading import architecture
+
+    return architecture(config.model_type).expected_shapes(config)
+
+
+def init_weights(config, seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
+    """Fresh float32, C-contiguous master weights (AdamW requires both)."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    residual_std = std / math.sqrt(2 * config.num_hidden_layers)
+    out = {}
+    for name, shape in weight_shapes(config).items():
+        if len(shape) == 1:  # RMSNorm scales (input, post-attention, final, q/k norms)
+            out[name] = np.ones(shape, np.float32)
+            continue
+        s = residual_std if name.endswith(RESIDUAL_PROJECTIONS) else std
+        out[name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(s))
+    return out
+
+
+def load_pretrained(hf_dir: str | Path):
+    """(config dict with HF names, float32 weights, tokenizer or None) from an HF folder,
+    for `--init-from`: fine-tuning starts from these weights instead of random ones."""
+    from ..models.loading import load_model
+
+    p = Path(hf_dir)
+    if not p.is_dir():
+        raise TrainError(f"--init-from {p}: expected an HF model folder (config.json + "
+                         "model.safetensors), got " + ("a file" if p.exists() else "nothing"))
+    config, weights, tok = load_model(p)
+    model_config(config.to_dict())  # refuses architectures the trainer cannot run
+    weights = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+    return config.to_dict(), weights, tok

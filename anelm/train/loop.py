@@ -1,0 +1,306 @@
+"""The training loop: device step → loss scaling → clip → AdamW → weights back to the device.
+
+One optimizer step (`Trainer._update`):
+
+    for each of --grad-accum micro-batches:     x, y ← Batcher (seeded; state in checkpoints)
+        loss, grads ← step.loss_and_grads(x, y, scale)   forward + dx on the device, dW on CPU
+        a non-finite loss stops the run (TrainError), the last checkpoint untouched
+    any inf/NaN in the grads → skip the update, the scaler halves (logged as skipped)
+    otherwise: grads /= scale·accum, clip to --clip, AdamW at the cosine lr, step.set_weights
+
+then a metrics record, an eval every --eval-every steps, a checkpoint every --save-every.
+Everything that decides a later loss (weights, AdamW moments, scaler, batch RNG, step) is
+in the checkpoint, so a run killed at any moment and resumed logs the same losses.
+
+Static pipeline: every update recompiles the kernels, and a process may compile only
+`profile.compile_budget` times. Before an update that would cross it the trainer saves a
+checkpoint and re-executes itself with `--resume` (`restart`), and carries on.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..device.base import compile_count
+from ..errors import CompileBudgetExceeded
+from .checkpoint import Checkpoint, latest_checkpoint, save_checkpoint
+from .data import Batcher, eval_batches
+from .errors import CheckpointError, TrainError
+from .metrics import MetricsLog, Progress, plot_loss
+from .optim import AdamW, accumulate_, adamw_flops, clip_grad_norm_, zero_, zeros_like
+from .run import RunSetup
+from .scaler import grads_finite, make_scaler, scaler_from_state, unscale_
+from .schedule import CosineSchedule
+
+StepFactory = Callable[..., object]  # (config, weights, device, *, seq_len, pipeline) -> step
+
+
+def device_step_factory(config, weights, device, *, seq_len: int, pipeline: str):
+    from .step import DeviceTrainStep  # the device half; imported late, it compiles kernels
+
+    return DeviceTrainStep(config, weights, device, seq_len=seq_len, pipeline=pipeline)
+
+
+@dataclass
+class Outcome:
+    steps_done: int                   # optimizer steps completed in the whole run
+    final_eval_loss: float | None
+    wall_s: float                     # this process
+    records: list[dict] = field(default_factory=list)  # step records of this process
+
+
+class Trainer:
+    """Runs `setup` to `--steps` on `device`. `restart()` replaces the process (os.execv with
+    `--resume` in the CLI); `budget` is the per-process compile budget (None: unlimited)."""
+
+    def __init__(self, setup: RunSetup, device, *, step_factory: StepFactory = device_step_factory,
+                 budget: int | None = None, restart: Callable[[], None] | None = None,
+                 progress: bool | None = None, notice: Callable[[str], None] | None = None):
+        self.s, self.a, self.device = setup, setup.args, device
+        self.params, self.budget, self.restart = setup.params, budget, restart
+        self._notice = notice or (lambda m: print(f"anelm: {m}", file=sys.stderr, flush=True))
+        a = self.a
+        self.opt = AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay)
+        self.scaler = make_scaler(a.loss_scale)
+        self.schedule = CosineSchedule(a.lr, a.steps, a.warmup)
+        self.batcher = Batcher(setup.data.train, a.batch_size, a.seq_len, a.seed)
+        self.evals = eval_batches(setup.data.val, a.batch_size, a.seq_len, a.eval_batches)
+        self.step, self.pending_eval = 0, False
+        if setup.checkpoint is not None:
+            self._restore(setup.checkpoint)
+        self.acc = zeros_like(self.params) if a.grad_accum > 1 else None
+        # drops records past the checkpoint: the killed run logged them, this one logs them again
+        self.log = MetricsLog(setup.run, resume_step=self.step)
+        self.progress_enabled = progress
+        self.dev = step_factory(setup.model_config, self.params, device,
+                                seq_len=a.seq_len, pipeline=a.pipeline)
+        self.device_name = getattr(device, "name", str(device))
+        self.last_eval: float | None = None
+        self.weights_stale = False  # set_weights hit the compile budget: the device is behind
+        self._say = self._notice
+        self._recent: list[dict] = []
+        self.n_params = sum(int(p.size) for p in self.params.values())
+
+    # ---------------------------------------------------------------- state
+
+    def _restore(self, ck: Checkpoint) -> None:
+        try:
+            self.opt.load_state_dict(ck.optimizer, ck.optimizer_state)
+            self.scaler = scaler_from_state(ck.scaler)
+            self.batcher.load_state_dict({"rng": ck.rng["data"], "drawn": ck.data["drawn"]})
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"checkpoint at step {ck.step} in {self.s.run} lacks training state "
+                                  f"({type(e).__name__}: {e}); expected one written by anelm train") from None
+        self.step = ck.step
+        self.pending_eval = bool(ck.extra.get("pending_eval", False))
+
+    def save(self, pending_eval: bool = False) -> None:
+        tensors, opt_meta = self.opt.state_dict()
+        b = self.batcher.state_dict()
+        ck = Checkpoint(step=self.step, config=self.s.config, weights=self.params, optimizer=tensors,
+                        optimizer_state=opt_meta, scaler=self.scaler.state_dict(),
+                        rng={"data": b["rng"]}, data={"drawn": b["drawn"]},
+                        extra={"pending_eval": pending_eval})
+        save_checkpoint(self.s.run, ck, keep_last=self.a.keep_last or None)
+
+    # ----------------------------------------------------------------- the loop
+
+    def train(self) -> Outcome:
+        a, t_start, records = self.a, time.perf_counter(), []
+        bar = Progress(a.steps, initial=self.step, disable=self._bar_disabled())
+        self._say = bar.write
+        try:
+            if self.pending_eval:  # a restart interrupted this step's eval: do it first
+                self._eval(bar)
+                self.save()  # now without the flag, so a later resume does not eval again
+            while self.step < a.steps:
+                if self._budget_would_overflow():
+                    self._restart_now(len(records))
+                data_state = self.batcher.state_dict()
+                try:
+                    rec = self._update()
+                except CompileBudgetExceeded:  # an uncounted compile before any state changed
+                    self.batcher.load_state_dict(data_state)
+                    self._restart_now(len(records))
+                records.append(rec)
+                self._recent = records
+                bar.update(self.step, rec["loss"], rec["tokens_per_s"])
+                self._after_step(bar, rec)
+        finally:
+            bar.close()
+            self.log.close()
+        return Outcome(self.step, self.last_eval, time.perf_counter() - t_start, records)
+
+    def _bar_disabled(self) -> bool | None:
+        if self.progress_enabled is None:
+            return None  # tqdm: off when stderr is not a terminal
+        return not self.progress_enabled
+
+    def _after_step(self, bar, rec: dict) -> None:
+        a = self.a
+        if rec.get("skipped"):
+            self._say(f"anelm: step {self.step}: gradients overflowed; update skipped, "
+                      f"loss scale now {self.scaler.scale:g}")
+        eval_due = self.step % a.eval_every == 0 or self.step == a.steps
+        if self.weights_stale:  # the device cannot run the new weights in this process
+            self._restart_now(1, pending_eval=eval_due)
+        if eval_due:
+            try:
+                self._eval(bar)
+            except CompileBudgetExceeded:
+                self._restart_now(1, pending_eval=True)
+        if self.step % a.save_every == 0 or self.step == a.steps:
+            self.save()
+
+    def _update(self) -> dict:
+        """One optimizer step; returns its metrics record (already logged)."""
+        a, t0 = self.a, time.perf_counter()
+        lr, scale = self.schedule(self.step), self.scaler.scale
+        loss_sum, stats_sum, grads = 0.0, {}, None
+        if self.acc is not None:
+            zero_(self.acc)
+        for _ in range(a.grad_accum):
+            x, y = self.batcher.next()
+            loss, grads, stats = self.dev.loss_and_grads(x, y, loss_scale=scale)
+            if not math.isfinite(loss):
+                raise self._diverged(loss, "training", self.step + 1)
+            loss_sum += loss
+            for k, v in stats.items():
+                stats_sum[k] = stats_sum.get(k, 0) + v
+            if self.acc is not None:
+                accumulate_(self.acc, grads)
+        grads = self.acc if self.acc is not None else grads
+        rec = self._apply(grads, scale, lr)
+        self.step += 1
+        dt = time.perf_counter() - t0
+        tokens = a.batch_size * a.seq_len * a.grad_accum
+        return self.log.log_step(
+            self.step, loss_sum / a.grad_accum, lr, scale, tokens / dt, self.device_name,
+            int(stats_sum.get("device_flops", 0)),
+            int(stats_sum.get("cpu_flops", 0)) + adamw_flops(self.n_params), **rec,
+            **{k: round(float(stats_sum[k]), 6) for k in ("t_device", "t_cpu", "t_dw") if k in stats_sum},
+            t_step=round(dt, 6))
+
+    def _apply(self, grads: dict, scale: float, lr: float) -> dict:
+        """Scaler decision, unscale, clip, AdamW, weights to the device. Returns record extras."""
+        finite = grads_finite(grads)
+        if not self.scaler.update(finite):
+            return {"skipped": True, "grad_norm": None}
+        unscale_(grads, scale, self.a.grad_accum)
+        norm = clip_grad_norm_(grads, self.a.clip) if self.a.clip > 0 else None
+        t0 = time.perf_counter()
+        self.opt.step(grads, lr=lr)
+        t_opt = time.perf_counter() - t0
+        try:
+            self.dev.set_weights(self.params)  # restage (dynamic) or recompile (static)
+        except CompileBudgetExceeded:
+            self.weights_stale = True  # the update stands; a fresh process compiles it
+        return {"skipped": False, "grad_norm": norm, "t_adamw": round(t_opt, 6)}
+
+    def _eval(self, bar) -> float:
+        losses = [self.dev.loss(x, y) for x, y in self.evals]
+        value = float(np.mean(losses))
+        if not math.isfinite(value):
+            raise self._diverged(value, "eval", self.step)
+        self.log.log_eval(self.step, value)
+        self.last_eval, self.pending_eval = value, False
+        self._plot()
+        if bar.bar.disable:  # no live bar (not a terminal): a line per eval instead
+            self._say(f"anelm: step {self.step}/{self.a.steps}: eval loss {value:.4f}{self._pace()}")
+        return value
+
+    def _pace(self) -> str:
+        """", train loss L, N tok/s, ETA" from this process's records so far."""
+        if not self._recent:
+            return ""
+        rec, rate = self._recent[-1], float(np.mean([r["t_step"] for r in self._recent[-20:]]))
+        eta = rate * (self.a.steps - self.step)
+        return (f", train loss {rec['loss']:.4f}, {rec['tokens_per_s']:,.0f} tok/s, "
+                f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+
+    def _plot(self) -> None:
+        try:
+            plot_loss(self.s.run)
+        except Exception as e:  # noqa: BLE001 - a plotting failure must not end a training run
+            self._say(f"anelm: warning: could not draw loss.png ({type(e).__name__}: {e})")
+
+    def _diverged(self, value: float, what: str, step: int) -> TrainError:
+        ck = latest_checkpoint(self.s.run)
+        keep = f"the last good checkpoint is {ck}" if ck else "no checkpoint had been written yet"
+        return TrainError(f"non-finite {what} loss ({value}) at step {step}; stopped, {keep}; "
+                          "try a lower --lr or a fixed --loss-scale")
+
+    # ------------------------------------------------------- compile budget restart
+
+    def _budget_would_overflow(self) -> bool:
+        need = int(getattr(self.dev, "compiles_per_update", 0) or 0)
+        return bool(self.budget and need and compile_count() + need > self.budget)
+
+    def _restart_now(self, done_here: int, pending_eval: bool = False) -> None:
+        """Checkpoint, then hand over to a fresh process (its compile budget is whole again)."""
+        if done_here == 0:
+            need = getattr(self.dev, "compiles_per_update", "?")
+            raise TrainError(f"the compile budget of {self.budget} per process cannot fit one weight "
+                             f"update ({need} compiles after {compile_count()} to start); expected a "
+                             "larger compile_budget in the profile, or --pipeline dynamic")
+        if self.restart is None:
+            raise TrainError(f"compile budget of {self.budget} spent at step {self.step} and this "
+                             "trainer cannot restart its process; use --pipeline dynamic")
+        self.save(pending_eval=pending_eval)
+        self._say(f"anelm: compile budget: {compile_count()} of {self.budget} compiles used; "
+                  f"restarting the process from the checkpoint at step {self.step}")
+        self.log.close()
+        self.close()
+        self.restart()
+        raise TrainError("the process restart returned; expected it to replace this process")
+
+    def close(self) -> None:
+        close = getattr(self.dev, "close", None)
+        if close is not None:
+            close()
+
+
+# ------------------------------------------------------------------ the end of a run
+
+def sample_text(setup: RunSetup, n_tokens: int, seed: int, temperature: float = 0.5) -> str | None:
+    """A short text from the trained weights on the CPU reference model (None: no tokenizer).
+
+    Low temperature rather than greedy: a small model's argmax falls into loops quickly, and
+    the seed keeps the sample reproducible.
+    """
+    tok = setup.tokenizer
+    if tok is None or n_tokens <= 0:
+        return None
+    from ..generate.generate import generate
+    from ..generate.sampling import make_sampler
+    from ..models.loading import build_model
+
+    cfg = setup.model_config
+    start = cfg.bos_token_id if cfg.bos_token_id is not None else getattr(tok, "bos_id", None)
+    prompt = [int(start)] if start is not None else tok.encode("Once upon a time")
+    room = cfg.max_position_embeddings - len(prompt)
+    if not prompt or room <= 0:
+        return None
+    model = build_model(cfg, setup.params)
+    res = generate(model, tok, prompt, max_tokens=min(n_tokens, room),
+                   sampler=make_sampler(temperature, seed=seed))
+    return res.text
+
+
+def summary(setup: RunSetup, outcome: Outcome) -> str:
+    """One line: steps, time, final eval loss against the corpus's unigram entropy."""
+    from .data import unigram_entropy
+
+    parts = [f"{outcome.steps_done} steps, {outcome.wall_s:.1f} s in this process"]
+    if outcome.final_eval_loss is not None:
+        h = unigram_entropy(setup.data.tokens)
+        parts.append(f"final eval loss {outcome.final_eval_loss:.4f} nats vs unigram entropy "
+                     f"{h:.4f} nats ({outcome.final_eval_loss / h:.2f}x)")
+    parts.append(f"run folder {setup.run}")
+    return "done: " + "; ".join(parts)

@@ -1,0 +1,296 @@
+"""Training step speed: our device step on the emulator against a PyTorch CPU training step.
+
+For the stories110m shape (dim 768, 12 heads, MLP 2048, vocab 32000) at seq 256, in one run
+on one machine:
+1. our step (`DeviceTrainStep`, dynamic pipeline, `strict` emulator) + AdamW, broken down into
+   device evaluations, CPU ops on the main thread, dW on the worker thread and AdamW, against
+   a float32 `LlamaForCausalLM` forward + backward + `torch.optim.AdamW` step, same batch;
+2. the CPU side alone, op by op on identical shapes: dW matmuls, AdamW, RMSNorm fwd+bwd, RoPE
+   fwd+bwd, SwiGLU bwd, classifier + cross-entropy fwd+bwd, embedding fwd+bwd, ours (numpy,
+   `cpu_ops` / `optim`) against the same ops in torch (autograd for the elementwise parts),
+   each side at its faster thread setting.
+
+    python benchmarks/bench_train.py                  # the full shape (~minutes on 2 cores)
+    python benchmarks/bench_train.py --layers 2       # a quick run
+
+Threads: our step runs BLAS on two threads at once (main + dW worker), one BLAS thread each
+(`limit_blas_threads`). Torch is timed with its default intra-op pool and with one thread, and
+the faster counts: on a shared 2-core machine its default pool is easily 5x slower when another
+process takes a core, and the comparison should not flatter us. Every figure is a best-of.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from anelm.device.emulator import Emulator
+from anelm.device.profile import STRICT
+from anelm.models.config import LlamaConfig
+from anelm.train import cpu_ops as ops
+from anelm.train.init import init_weights
+from anelm.train.loop import limit_blas_threads
+from anelm.train.optim import AdamW, clip_grad_norm_
+from anelm.train.step import DeviceTrainStep
+
+
+def best(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def make_config(layers: int, seq: int) -> LlamaConfig:
+    return LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=layers,
+                       num_attention_heads=12, num_key_value_heads=12, rms_norm_eps=1e-5,
+                       max_position_embeddings=max(seq, 256), tie_word_embeddings=True)
+
+
+# ------------------------------------------------------------------------- whole steps
+
+def ours_step(cfg, batch, seq, steps):
+    w = init_weights(cfg, seed=0)
+    step = DeviceTrainStep(cfg, w, Emulator(STRICT), seq_len=seq)
+    opt = AdamW(w, lr=1e-4)
+    rng = np.random.default_rng(0)
+    x, y = (rng.integers(0, cfg.vocab_size, (batch, seq)) for _ in range(2))
+    rows = []
+    for i in range(steps + 1):  # the first is a warmup (caches, allocator)
+        t0 = time.perf_counter()
+        loss, grads, st = step.loss_and_grads(x, y, loss_scale=1024.0)
+        t1 = time.perf_counter()
+        for g in grads.values():
+            g *= np.float32(1 / 1024)
+        clip_grad_norm_(grads, 1.0)
+        opt.step(grads)
+        t2 = time.perf_counter()
+        step.set_weights(w)
+        t3 = time.perf_counter()
+        if i:
+            rows.append({"total": t3 - t0, "grads": t1 - t0, "device": st["t_device"], "cpu": st["t_cpu"],
+                         "dw": st["t_dw"], "adamw": t2 - t1, "restage": t3 - t2,
+                         "device_flops": st["device_flops"], "cpu_flops": st["cpu_flops"]})
+    step.close()
+    return min(rows, key=lambda r: r["total"])
+
+
+def torch_step(cfg, batch, seq, steps):
+    from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
+
+    d = {k: v for k, v in cfg.to_dict().items() if k not in ("model_type", "architectures")}
+    model = LlamaForCausalLM(HFConfig(**d, attn_implementation="sdpa")).float()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    x, y = (torch.randint(0, cfg.vocab_size, (batch, seq)) for _ in range(2))
+
+    def one():
+        logits = model(x).logits
+        F.cross_entropy(logits.reshape(-1, cfg.vocab_size), y.reshape(-1)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return fastest_torch(one, steps)
+
+
+# --------------------------------------------------------------- the CPU side, op by op
+
+def cpu_side(cfg, n: int, repeat: int) -> list[tuple[str, float, float]]:
+    """(part, ours s, torch s) for one step's CPU work over n tokens, identical shapes."""
+    d, f, v, L, hd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers, cfg.head_dim
+    rng = np.random.default_rng(1)
+    r = lambda *s: rng.standard_normal(s, dtype=np.float32)  # noqa: E731
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a.T))  # noqa: E731  channel-last for torch
+    x, dy, wn = r(d, n), r(d, n), np.ones(d, np.float32)
+    q, dq = r(d, n), r(d, n)
+    h1, h3, dg = r(f, n), r(f, n), r(f, n)
+    cos, sin = ops.rope_tables(hd, np.arange(n) % 256, 1e4)
+    head, xf, tgt = r(v, d) * 0.02, r(d, n), rng.integers(0, v, n)
+    ids = rng.integers(0, v, n)
+    dw_shapes = [(d, d)] * 4 + [(f, d), (f, d), (d, f)]
+    parts = [
+        ("dW (7 per layer + head)", lambda: _ours_dw(dw_shapes, n, L, head, xf, r),
+         _torch_dw(dw_shapes, n, L, v, d)),
+        ("RMSNorm fwd+bwd (2L+1)", lambda: [ops.rmsnorm_bwd(dy, x, wn, ops.rmsnorm_fwd(x, wn, 1e-5)[1])
+                                           for _ in range(2 * L + 1)],
+         _torch_norm(t(x), t(dy), 2 * L + 1)),
+        ("RoPE fwd+bwd (q, k per layer)", lambda: [(ops.rope_fwd(q, cos, sin), ops.rope_bwd(dq, cos, sin))
+                                                  for _ in range(2 * L)],
+         _torch_rope(t(q), t(dq), torch.from_numpy(cos.T.copy()), torch.from_numpy(sin.T.copy()), 2 * L)),
+        ("SwiGLU bwd (per layer)", lambda: [ops.swiglu_bwd(dg, h1, h3) for _ in range(L)],
+         _torch_swiglu(t(h1), t(h3), t(dg), L)),
+        ("classifier + loss fwd+bwd", lambda: _ours_loss(head, xf, tgt), _torch_loss(head, xf, tgt)),
+        ("embedding fwd+bwd", lambda: ops.embed_bwd(ops.embed_fwd(head, ids), ids, np.zeros_like(head)),
+         _torch_embed(head, ids)),
+        ("AdamW", _ours_adamw(cfg), _torch_adamw(cfg)),
+    ]
+    out = []
+    for name, ours, theirs in parts:
+        out.append((name, fastest_ours(ours, repeat), fastest_torch(theirs, repeat)))
+    return out
+
+
+def fastest_ours(fn, repeat: int) -> float:
+    """Best time of `fn` with one BLAS thread (as inside the step) and with one per core."""
+    import os
+
+    times = []
+    for n in sorted({1, os.cpu_count() or 1}):
+        limit_blas_threads(n)
+        fn()
+        times.append(best(fn, repeat))
+    limit_blas_threads()
+    return min(times)
+
+
+def fastest_torch(fn, repeat: int) -> float:
+    """Best time of `fn` under torch's default thread pool and under one thread."""
+    default = torch.get_num_threads()
+    times = []
+    for n in sorted({default, 1}):
+        torch.set_num_threads(n)
+        fn()  # warm up at this thread count
+        times.append(best(fn, repeat))
+    torch.set_num_threads(default)
+    return min(times)
+
+
+def _ours_dw(shapes, n, layers, head, xf, r):
+    dys = {s: r(s[0], n) for s in set(shapes)}
+    xs = {s: r(s[1], n) for s in set(shapes)}
+    for _ in range(layers):
+        for s in shapes:
+            ops.dw(dys[s], xs[s])
+    ops.dw(r(head.shape[0], n), xf)
+
+
+def _torch_dw(shapes, n, layers, v, d):
+    dys = {s: torch.randn(n, s[0]) for s in set(shapes)}
+    xs = {s: torch.randn(n, s[1]) for s in set(shapes)}
+    dlog, xf = torch.randn(n, v), torch.randn(n, d)
+
+    def run():
+        for _ in range(layers):
+            for s in shapes:
+                torch.mm(dys[s].T, xs[s])
+        torch.mm(dlog.T, xf)
+    return run
+
+
+def _torch_norm(x, dy, count):
+    w = torch.ones(x.shape[1], requires_grad=True)
+
+    def run():
+        for _ in range(count):
+            xx = x.detach().requires_grad_()
+            y = xx * torch.rsqrt(xx.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+            y.backward(dy)
+    return run
+
+
+def _torch_rope(q, dq, cos, sin, count):
+    hd = cos.shape[1]
+
+    def rot(a):
+        a = a.view(a.shape[0], -1, hd)
+        return torch.cat([-a[..., hd // 2:], a[..., :hd // 2]], -1)
+
+    def run():
+        for _ in range(count):
+            qq = q.detach().requires_grad_()
+            y = (qq.view(qq.shape[0], -1, hd) * cos[:, None] + rot(qq) * sin[:, None])
+            y.backward(dq.view_as(y))
+    return run
+
+
+def _torch_swiglu(h1, h3, dg, count):
+    def run():
+        for _ in range(count):
+            a, b = h1.detach().requires_grad_(), h3.detach().requires_grad_()
+            (F.silu(a) * b).backward(dg)
+    return run
+
+
+def _ours_loss(head, xf, tgt):
+    logits = ops.classifier_fwd(head, xf)
+    _, dlog = ops.cross_entropy(logits, tgt, 1024.0)
+    return head.T @ dlog
+
+
+def _torch_loss(head, xf, tgt):
+    w, x, y = torch.from_numpy(head), torch.from_numpy(xf.T.copy()), torch.from_numpy(tgt)
+
+    def run():
+        xx = x.detach().requires_grad_()
+        F.cross_entropy(xx @ w.T, y).backward()  # dW of the head is in the dW row
+    return run
+
+
+def _torch_embed(head, ids):
+    w, i = torch.from_numpy(head), torch.from_numpy(ids)
+
+    def run():
+        ww = w.detach().requires_grad_()
+        e = F.embedding(i, ww)
+        e.backward(torch.ones_like(e))
+    return run
+
+
+def _ours_adamw(cfg):
+    w = init_weights(cfg, seed=0)
+    g = {k: np.full_like(v, 1e-3) for k, v in w.items()}
+    opt = AdamW(w, lr=1e-4)
+    return lambda: opt.step(g)
+
+
+def _torch_adamw(cfg):
+    ps = [torch.nn.Parameter(torch.from_numpy(v)) for v in init_weights(cfg, seed=0).values()]
+    for p in ps:
+        p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.AdamW(ps, lr=1e-4, betas=(0.9, 0.95))
+    return opt.step
+
+
+# ---------------------------------------------------------------------------- report
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps after one warmup")
+    a = ap.parse_args()
+    limit_blas_threads()
+    cfg = make_config(a.layers, a.seq)
+    n_params = sum(v.size for v in init_weights(cfg, 0).values())
+    print(f"stories110m shape, {a.layers} layers ({n_params / 1e6:.1f}M params), batch {a.batch} x seq {a.seq}, "
+          f"torch {torch.__version__} with {torch.get_num_threads()} threads")
+    ours = ours_step(cfg, a.batch, a.seq, a.steps)
+    theirs = torch_step(cfg, a.batch, a.seq, a.steps)
+    print(f"\nwhole training step (best of {a.steps}):")
+    print(f"  ours (emulator)     {ours['total']:8.3f} s   = loss_and_grads {ours['grads']:.3f} "
+          f"+ AdamW {ours['adamw']:.3f} + restage weights {ours['restage']:.3f}")
+    print(f"    device evals      {ours['device']:8.3f} s   ({ours['device_flops'] / 1e9:.1f} GFLOP)")
+    print(f"    CPU ops (main)    {ours['cpu']:8.3f} s   (all CPU work incl. dW: {ours['cpu_flops'] / 1e9:.1f} GFLOP)")
+    print(f"    dW (worker, overlapped) {ours['dw']:6.3f} s")
+    print(f"    AdamW             {ours['adamw']:8.3f} s")
+    print(f"  torch fp32 CPU      {theirs:8.3f} s")
+    print(f"  ratio ours / torch  {ours['total'] / theirs:8.2f}x")
+    n = a.batch * a.seq
+    rows = cpu_side(cfg, n, repeat=a.steps)
+    print(f"\nCPU side alone, op by op over {n} tokens (best of {a.steps}):")
+    print(f"  {'part':32s} {'ours s':>9s} {'torch s':>9s} {'ratio':>7s}")
+    for name, o, t in rows:
+        print(f"  {name:32s} {o:9.4f} {t:9.4f} {o / t:7.2f}x")
+    so, st = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    print(f"  {'total':32s} {so:9.4f} {st:9.4f} {so / st:7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
