@@ -14,7 +14,7 @@ on one machine:
     python benchmarks/bench_train.py --layers 2       # a quick run
 
 Threads: our step runs BLAS on two threads at once (main + dW worker), one BLAS thread each
-(`limit_blas_threads`). Torch is timed with its default intra-op pool and with one thread, and
+(`anelm.runtime.threads.share_blas_between`). Torch is timed with its default intra-op pool and with one thread, and
 the faster counts: on a shared 2-core machine its default pool is easily 5x slower when another
 process takes a core, and the comparison should not flatter us. Every figure is a best-of.
 """
@@ -33,7 +33,9 @@ from anelm.device.profile import STRICT
 from anelm.models.config import LlamaConfig
 from anelm.train import cpu_ops as ops
 from anelm.train.init import init_weights
-from anelm.train.loop import limit_blas_threads
+from threadpoolctl import threadpool_limits
+
+from anelm.runtime.threads import share_blas_between
 from anelm.train.optim import AdamW, clip_grad_norm_
 from anelm.train.step import DeviceTrainStep
 
@@ -142,10 +144,9 @@ def fastest_ours(fn, repeat: int) -> float:
 
     times = []
     for n in sorted({1, os.cpu_count() or 1}):
-        limit_blas_threads(n)
-        fn()
-        times.append(best(fn, repeat))
-    limit_blas_threads()
+        with threadpool_limits(limits=n, user_api="blas"):
+            fn()
+            times.append(best(fn, repeat))
     return min(times)
 
 
@@ -266,7 +267,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3, help="timed steps after one warmup")
     a = ap.parse_args()
-    limit_blas_threads()
+    share_blas_between(2)  # as inside the step: device evals and dW each get half the cores
     cfg = make_config(a.layers, a.seq)
     n_params = sum(v.size for v in init_weights(cfg, 0).values())
     print(f"stories110m shape, {a.layers} layers ({n_params / 1e6:.1f}M params), batch {a.batch} x seq {a.seq}, "

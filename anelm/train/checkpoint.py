@@ -14,14 +14,13 @@ header size, JSON header, packed data), so saving a model never holds a second c
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_open
 from .errors import CheckpointError
 
 FORMAT = "anelm.checkpoint/1"
@@ -98,31 +97,8 @@ def _remove_stale_temps(d: Path) -> None:
 
 
 def _atomic_write(path: Path, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _write_safetensors(f, tensors, meta)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(d: Path) -> None:
-    # makes the rename itself durable; some filesystems refuse fsync on a directory
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with atomic_open(path, durable=True) as f:  # temp file, fsync, rename, fsync the folder
+        _write_safetensors(f, tensors, meta)
 
 
 def _write_safetensors(f, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> None:

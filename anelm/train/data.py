@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_open
 from .corpus import EOT, generate_corpus
 from .errors import DataError
 
@@ -159,16 +159,8 @@ def default_cache_dir() -> Path:
 
 
 def _write_atomic(path: Path, arr: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(arr.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, durable=True) as f:
+        f.write(arr.tobytes())
 
 
 def tokenize_files(files: list[Path], tok, cache_dir: Path) -> tuple[np.ndarray, Path]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from ..atomic import atomic_open
 
 METRICS = "metrics.jsonl"
 PLOT = "loss.png"
@@ -87,14 +87,8 @@ class MetricsLog:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        f.write(data)
 
 
 def plot_loss(run_dir: str | Path) -> Path:
@@ -120,14 +114,8 @@ def plot_loss(run_dir: str | Path) -> Path:
         ax.legend()
     fig.tight_layout()
     path = Path(run_dir) / PLOT
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".loss.", suffix=".png.tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        fig.savefig(f, format="png")
     return path
 
 

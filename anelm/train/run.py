@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_open
 from ..errors import UsageError
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
 from .data import Dataset, load_dataset, vocab_size_of
@@ -210,15 +211,9 @@ def _initial_weights(config, args: TrainSettings) -> dict[str, np.ndarray]:
 
 def write_json(path: Path, obj: dict) -> None:
     """Atomically (temp file + rename), so a kill never leaves half a config.json."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
 
 
 def read_json(path: Path, what: str) -> dict | None:
