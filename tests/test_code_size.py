@@ -1,0 +1,25 @@
+"""Size is enforced (STYLE.md §6, tinygrad's sz.py): small modules, and a budget for the package.
+
+Lines are counted as in the files (docstrings and comments included), so the budget is honest.
+"""
+
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "anelm"
+MAX_MODULE_LINES = 400
+MAX_PACKAGE_LINES = 20000
+
+
+def line_counts() -> dict[str, int]:
+    return {str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines())
+            for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_module_is_small():
+    big = {name: n for name, n in line_counts().items() if n > MAX_MODULE_LINES}
+    assert not big, f"modules over {MAX_MODULE_LINES} lines (split them): {big}"
+
+
+def test_package_stays_within_its_line_budget():
+    total = sum(line_counts().values())
+    assert total <= MAX_PACKAGE_LINES, f"anelm/ has {total} lines; budget {MAX_PACKAGE_LINES}"
