@@ -34,13 +34,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="anelm", description="Train and run language models on the Apple Neural Engine.")
+    # allow_abbrev=False: `--max` is an unknown option, not a guess at `--max-tokens` (CONTRACTS §1)
+    p = _Parser(prog="anelm", description="Train and run language models on the Apple Neural Engine.",
+                allow_abbrev=False)
     from .. import __version__
 
     p.add_argument("--version", action="version", version=f"anelm {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module, help_) in SUBCOMMANDS.items():
-        sp = sub.add_parser(name, help=help_, description=help_)
+        sp = sub.add_parser(name, help=help_, description=help_, allow_abbrev=False)
         try:
             mod = importlib.import_module(f"anelm.cli.{module}")
         except ModuleNotFoundError as e:

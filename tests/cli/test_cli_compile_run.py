@@ -147,3 +147,8 @@ def test_demo_and_module_entry_point_agree():
                         "--seq", "16", "--device", "emulator"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "device: emulator" in r.stderr and "ok" in r.stderr and r.stdout.startswith("ran on emulator")
+
+
+def test_abbreviated_options_are_unknown(capsys):
+    code, _, err = cli(capsys, "compile", "--dim", "64", "--hid", "128")
+    assert code == 2 and "--hid" in err and err.startswith("anelm: error: ")
