@@ -72,10 +72,8 @@ def start(args: argparse.Namespace, config: Any, weights: Any) -> Any:
     runner = make_runner(config, weights, args.device)
     n = sum(int(w.size) for w in weights.values())
     notice(f"model: {config.model_type}, {n / 1e6:.2f}M parameters, context {config.max_position_embeddings}")
-    if runner.device == "cpu":
+    if runner.device == "cpu":  # get_device announced the device itself otherwise
         notice(f"device: cpu (numpy reference; no device pipeline in this build for --device {args.device})")
-    else:
-        notice(f"device: {runner.device}")
     return runner
 
 
