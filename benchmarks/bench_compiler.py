@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from types import SimpleNamespace
 
 import numpy as np
 
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
 from anelm.ir.builder import GraphBuilder
-from anelm.kernels.blocks import llama_block, random_llama_layer
+from anelm.kernels.blocks import decoder_layer, random_layer
+from anelm.models.config import LlamaConfig
 from anelm.runtime.kernel import Kernel
 
 
@@ -34,11 +34,11 @@ def best_of(fn, repeat: int) -> float:
 
 
 def bench_compile(layers: int, dim: int, heads: int, hidden: int, seq: int) -> None:
-    cfg = SimpleNamespace(hidden_size=dim, num_attention_heads=heads, num_key_value_heads=heads,
-                          head_dim=dim // heads, rms_norm_eps=1e-5, rope_theta=10000.0)
-    weights = [random_llama_layer(dim, heads, heads, hidden, seed=i) for i in range(layers)]
+    cfg = LlamaConfig(hidden_size=dim, intermediate_size=hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, rms_norm_eps=1e-5, max_position_embeddings=seq)
+    weights = [random_layer(cfg, seed=i) for i in range(layers)]
     t = time.perf_counter()
-    arts = [compile_graph(llama_block(cfg, w, seq)) for w in weights]
+    arts = [compile_graph(decoder_layer(cfg, w, seq, index=i)) for i, w in enumerate(weights)]
     total = time.perf_counter() - t
     mb = sum(len(b) for a in arts for b in a.weights.values()) / 2**20
     print(f"compile: {layers} layer kernels (dim {dim}, {heads} heads, MLP {hidden}, seq {seq}): "

@@ -7,7 +7,7 @@
 them; `--kind train` writes the ten dynamic-weight training kernels (forward and dx), which
 take their weights in the input's spatial columns and so compile once for every layer.
 Each folder holds `model.mil`, `weights/*.bin` and `signature.json`; `anelm run-mil` runs it.
-Weights are random (seeded) unless `--model` names an HF folder to take layer weights from.
+Weights are random (seeded).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from ..errors import AnelmError
 from .common import positive_int
@@ -37,29 +36,26 @@ def add_args(p):
     p.add_argument("--out", default="kernels", help="output folder (default ./kernels)")
 
 
-def layer_config(args) -> SimpleNamespace:
-    kv = args.kv_heads or args.heads
-    hd = args.head_dim or args.dim // args.heads
-    if args.heads % kv:
-        raise AnelmError(f"--heads ({args.heads}) must be a multiple of --kv-heads ({kv})")
-    if args.head_dim is None and args.dim % args.heads:
+def layer_config(args):
+    """The model config (HF field names) the flags describe; its checks give the errors."""
+    from ..models.config import GPT2Config, LlamaConfig, Qwen3Config
+
+    if args.arch == "gpt2":
+        if args.kv_heads not in (None, args.heads) or args.head_dim is not None:
+            raise AnelmError("gpt2 has one KV head per query head and head dim = dim / heads; "
+                             "drop --kv-heads/--head-dim")
+        return GPT2Config(n_embd=args.dim, n_head=args.heads, n_layer=args.layers, n_inner=args.hidden,
+                          n_positions=max(args.seq, 1024))
+    make = Qwen3Config if args.arch == "qwen3" else LlamaConfig
+    hd = args.head_dim or (args.dim // args.heads if args.dim % args.heads == 0 else None)
+    if hd is None:
         raise AnelmError(f"--dim ({args.dim}) must be divisible by --heads ({args.heads}), or give --head-dim")
     if hd % 2:
         raise AnelmError(f"head dim must be even for RoPE, got {hd}")
-    hidden = args.hidden or (4 * args.dim if args.arch == "gpt2" else 8 * args.dim // 3)
-    return SimpleNamespace(hidden_size=args.dim, num_attention_heads=args.heads, num_key_value_heads=kv,
-                           head_dim=hd, intermediate_size=hidden, rms_norm_eps=1e-5, rope_theta=10000.0,
-                           n_embd=args.dim, n_head=args.heads, layer_norm_epsilon=1e-5)
-
-
-def layer_graph(arch: str, cfg, seed: int, seq: int):
-    from ..kernels.blocks import gpt2_block, llama_block, random_gpt2_layer, random_llama_layer
-
-    if arch == "gpt2":
-        return gpt2_block(cfg, random_gpt2_layer(cfg.hidden_size, cfg.intermediate_size, seed), seq)
-    w = random_llama_layer(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                           cfg.intermediate_size, cfg.head_dim, qk_norm=arch == "qwen3", seed=seed)
-    return llama_block(cfg, w, seq)
+    return make(hidden_size=args.dim, intermediate_size=args.hidden or 8 * args.dim // 3,
+                num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                num_key_value_heads=args.kv_heads or args.heads, head_dim=hd, rms_norm_eps=1e-5,
+                rope_theta=10000.0, max_position_embeddings=max(args.seq, 2048))
 
 
 def graphs(args, cfg):
@@ -72,7 +68,10 @@ def graphs(args, cfg):
         dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
                     cfg.num_key_value_heads, cfg.head_dim, args.seq)
         return [(kind, build_graph(kind, dims)) for kind in KINDS]
-    return [(f"layer{i:02d}", layer_graph(args.arch, cfg, args.seed + i, args.seq)) for i in range(args.layers)]
+    from ..kernels.blocks import decoder_layer, random_layer
+
+    return [(f"layer{i:02d}", decoder_layer(cfg, random_layer(cfg, args.seed + i), args.seq, index=i))
+            for i in range(args.layers)]
 
 
 def run(args) -> int:

@@ -39,7 +39,7 @@ def cpu_reference(cfg, layer_w: dict, x: np.ndarray) -> np.ndarray:
 
 def run(args) -> int:
     from ..compiler.pipeline import compile_graph
-    from ..kernels.blocks import llama_block, random_llama_layer
+    from ..kernels.blocks import decoder_layer, random_layer
     from ..models.config import LlamaConfig
     from ..runtime.kernel import Kernel
 
@@ -47,11 +47,10 @@ def run(args) -> int:
     cfg = LlamaConfig(vocab_size=256, hidden_size=d, intermediate_size=8 * d // 3, num_hidden_layers=1,
                       num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
                       rms_norm_eps=1e-5, max_position_embeddings=s)
-    w = random_llama_layer(d, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
-                           cfg.head_dim, seed=args.seed)
+    w = random_layer(cfg, seed=args.seed)
     device, profile = device_from_args(args)
     t0 = time.perf_counter()
-    art = compile_graph(llama_block(cfg, w, s), profile)
+    art = compile_graph(decoder_layer(cfg, w, s), profile)
     kernel = Kernel(art, device)
     x = np.random.default_rng(args.seed).standard_normal((s, d)).astype(np.float32)
     y = kernel(x=x.T.reshape(1, d, 1, s))["y"]  # first call compiles and loads on the device

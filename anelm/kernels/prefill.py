@@ -207,14 +207,14 @@ def full_attention(b: GraphBuilder, s: LayerShape, qh: Value, kh: Value, vh: Val
 
 
 def prefill_layer(s: LayerShape, p: dict, seq: int, rope: tuple[np.ndarray, np.ndarray] | None = None,
-                  name: str = "prefill") -> Graph:
+                  name: str = "prefill", kv_outputs: bool = True) -> Graph:
     """One layer over positions 0..seq-1: x `[1, D, 1, seq]` -> k, v `[Hkv, 1, Dh, seq]`
     (the cache's `[1, C, 1, seq]` bytes) and y `[1, D, 1, seq]`; `p` from `layer_params`.
 
     `rope` = full-width (cos, sin) `[1, 1, Dh, seq]` for positions 0..seq-1 (None for GPT-2),
     baked as consts: prefill always starts at position 0, so one program serves every prompt
     of the bucket. A prompt shorter than `seq` is zero-padded; the causal mask keeps the padding
-    (later positions) out of every real position's attention.
+    (later positions) out of every real position's attention. `kv_outputs=False` returns y only.
     """
     b = GraphBuilder(name)
     x = b.input("x", [1, s.d, 1, seq])
@@ -225,7 +225,8 @@ def prefill_layer(s: LayerShape, p: dict, seq: int, rope: tuple[np.ndarray, np.n
     qh, kh, vh, k, v = layer_front(b, s, p, x, tables)
     mask = b.const(causal_mask(seq), name="causal_mask", dtype="fp16", blob=True)  # [1,1,S,S]
     y = layer_back(b, s, p, x, full_attention(b, s, qh, kh, vh, mask))
-    b.output("k", k)
-    b.output("v", v)
+    if kv_outputs:
+        b.output("k", k)
+        b.output("v", v)
     b.output("y", y)
     return b.build()

@@ -254,7 +254,7 @@ class DeviceTrainStep:
 
     # ------------------------------------------------------------------ backward
     def _layer_bwd(self, i: int, dy: np.ndarray, c: dict, grads: dict, jobs: dict) -> np.ndarray:
-        p, eps = f"model.layers.{i}.", self.cfg.rms_norm_eps
+        p = f"model.layers.{i}."
         dgate = self._dev("ffn_down_dx", i, dy=dy)["dgate"]
         dh1, dh3 = ops.swiglu_bwd(dgate, c["h1"], c["h3"])
         self._dw(jobs, p + "mlp.down_proj.weight", dy, c["gate"])

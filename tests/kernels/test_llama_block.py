@@ -1,11 +1,10 @@
-"""A Llama/Qwen3 decoder layer built with the builder, compiled, run on the emulator, against a
-float32 PyTorch reference written here (HF semantics: half-split RoPE, GQA h // group, SwiGLU).
+"""Decoder layers (the prefill kernel that generation runs, built with the builder), compiled, run
+on the emulator, against float32 PyTorch references written here (HF semantics: half-split
+RoPE, GQA h // group, SwiGLU, q/k norm; GPT-2 LayerNorm, biases, GELU tanh form).
 
 Tolerance: CONTRACTS §6, a transformer block ≤ 2e-2 of max|ref| (every op rounds to fp16,
 ~5e-4 relative each, over ~40 ops on the longest path).
 """
-
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +12,8 @@ import torch
 
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
-from anelm.kernels.blocks import gpt2_block, llama_block, random_llama_layer
+from anelm.kernels.blocks import decoder_layer, random_layer
+from anelm.models.config import GPT2Config, LlamaConfig, Qwen3Config
 from anelm.runtime.kernel import Kernel
 
 
@@ -52,10 +52,11 @@ def torch_llama_layer(x, w, heads, kv, hd, eps, theta, qk_norm):
 @pytest.mark.parametrize("heads,kv,qk_norm", [(4, 4, False), (4, 2, False), (4, 2, True)])
 def test_llama_block_matches_torch(heads, kv, qk_norm):
     d, hd, hidden, seq = 64, 16, 160, 32
-    cfg = SimpleNamespace(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
-                          head_dim=hd, rms_norm_eps=1e-5, rope_theta=10000.0)
-    w = random_llama_layer(d, heads, kv, hidden, hd, qk_norm=qk_norm, seed=heads + kv)
-    art = compile_graph(llama_block(cfg, w, seq))
+    make = Qwen3Config if qk_norm else LlamaConfig
+    cfg = make(hidden_size=d, intermediate_size=hidden, num_hidden_layers=1, num_attention_heads=heads,
+               num_key_value_heads=kv, head_dim=hd, rms_norm_eps=1e-5, rope_theta=10000.0)
+    w = random_layer(cfg, seed=heads + kv)
+    art = compile_graph(decoder_layer(cfg, w, seq))
     assert "concat" not in art.mil_text and "gelu" not in art.mil_text
     x = np.random.default_rng(1).standard_normal((seq, d)).astype(np.float32)
     got = Kernel(art, Emulator())(x=x.T.reshape(1, d, 1, seq))["y"].astype(np.float32)
@@ -67,13 +68,9 @@ def test_llama_block_matches_torch(heads, kv, qk_norm):
 def test_gpt2_block_matches_torch():
     d, heads, seq = 64, 4, 32
     rng = np.random.default_rng(3)
-    lin = lambda o, i: (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)  # noqa: E731
-    vec = lambda n, s=0.1: (s * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
-    w = {"ln_1.weight": 1 + vec(d), "ln_1.bias": vec(d), "attn.c_attn.weight": lin(3 * d, d),
-         "attn.c_attn.bias": vec(3 * d), "attn.c_proj.weight": lin(d, d), "attn.c_proj.bias": vec(d),
-         "ln_2.weight": 1 + vec(d), "ln_2.bias": vec(d), "mlp.c_fc.weight": lin(4 * d, d),
-         "mlp.c_fc.bias": vec(4 * d), "mlp.c_proj.weight": lin(d, 4 * d), "mlp.c_proj.bias": vec(d)}
-    art = compile_graph(gpt2_block(SimpleNamespace(n_embd=d, n_head=heads, layer_norm_epsilon=1e-5), w, seq))
+    cfg = GPT2Config(n_embd=d, n_head=heads, n_layer=1, layer_norm_epsilon=1e-5)
+    w = random_layer(cfg, seed=3)
+    art = compile_graph(decoder_layer(cfg, w, seq))
     x = rng.standard_normal((seq, d)).astype(np.float32)
     got = Kernel(art, Emulator())(x=x.T.reshape(1, d, 1, seq))["y"].astype(np.float32).reshape(d, seq).T
 
