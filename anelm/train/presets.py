@@ -64,32 +64,13 @@ def get_preset(name: str) -> dict:
 
 
 def hf_weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Every weight's HF name and shape (PyTorch orientation `[out, in]`) for a Llama or
-    Qwen3 config, in data-flow order."""
-    d, n_layers, inter, vocab = (cfg["hidden_size"], cfg["num_hidden_layers"],
-                                 cfg["intermediate_size"], cfg["vocab_size"])
-    heads = cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads") or heads
-    hd = cfg.get("head_dim") or d // heads
-    shapes = {"model.embed_tokens.weight": (vocab, d)}
-    for i in range(n_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (d,)
-        shapes[p + "self_attn.q_proj.weight"] = (heads * hd, d)
-        shapes[p + "self_attn.k_proj.weight"] = (kv * hd, d)
-        shapes[p + "self_attn.v_proj.weight"] = (kv * hd, d)
-        if cfg.get("model_type") == "qwen3":  # per-head RMSNorm of q and k, before RoPE
-            shapes[p + "self_attn.q_norm.weight"] = (hd,)
-            shapes[p + "self_attn.k_norm.weight"] = (hd,)
-        shapes[p + "self_attn.o_proj.weight"] = (d, heads * hd)
-        shapes[p + "post_attention_layernorm.weight"] = (d,)
-        shapes[p + "mlp.gate_proj.weight"] = (inter, d)
-        shapes[p + "mlp.up_proj.weight"] = (inter, d)
-        shapes[p + "mlp.down_proj.weight"] = (d, inter)
-    shapes["model.norm.weight"] = (d,)
-    if not cfg.get("tie_word_embeddings", False):
-        shapes["lm_head.weight"] = (vocab, d)
-    return shapes
+    """Every weight's HF name and shape (PyTorch orientation `[out, in]`) for a Llama or Qwen3
+    config dict: the model definition's own list (`anelm.models.<type>.expected_shapes`)."""
+    from ..models.config import config_from_dict
+    from ..models.loading import architecture
+
+    config = config_from_dict(dict(cfg), "preset")
+    return architecture(config.model_type).expected_shapes(config)
 
 
 def count_params(cfg: dict) -> int:
