@@ -15,6 +15,8 @@ eps is added after the bias-corrected √v, as torch does.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
 import numpy as np
@@ -24,6 +26,8 @@ from .errors import CheckpointError
 
 F32 = np.float32
 CHUNK = 1 << 16  # elements per AdamW pass (256 KB of float32: two chunks stay in L2)
+# chunks are independent, and numpy releases the GIL inside each pass: one worker per core
+WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 
 def default_no_decay(name: str, shape: tuple[int, ...]) -> bool:
@@ -60,8 +64,9 @@ class AdamW:
         self.t = 0
         self.exp_avg = {n: np.zeros_like(p) for n, p in params.items()}
         self.exp_avg_sq = {n: np.zeros_like(p) for n, p in params.items()}
-        # two scratch chunks, reused for every tensor, so a step allocates nothing
-        self._t1, self._t2 = np.empty(CHUNK, F32), np.empty(CHUNK, F32)
+        # two scratch chunks per worker, reused for every tensor, so a step allocates nothing
+        self._scratch = [(np.empty(CHUNK, F32), np.empty(CHUNK, F32)) for _ in range(WORKERS)]
+        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="anelm-adamw") if WORKERS > 1 else None
 
     def step(self, grads: dict[str, np.ndarray], lr: float | None = None) -> None:
         """One update with the (already unscaled, clipped) gradients; `lr` overrides `self.lr`."""
@@ -76,20 +81,27 @@ class AdamW:
         b1, b2 = self.betas
         bc1 = 1.0 - b1 ** self.t
         bc2_sqrt = math.sqrt(1.0 - b2 ** self.t)
-        for name, p in self.params.items():
-            self._update(p, grads[name], self.exp_avg[name], self.exp_avg_sq[name],
-                         self.wd[name], bc1, bc2_sqrt)
+        # Chunks of CHUNK elements keep the ~10 passes of one chunk in cache; every chunk's
+        # arithmetic is the same whichever worker runs it, so threading changes no bit.
+        grads = {n: np.ascontiguousarray(grads[n], dtype=F32) for n in self.params}  # flat views below
+        jobs = [(name, lo) for name, p in self.params.items() for lo in range(0, p.size, CHUNK)]
+        parts = [(jobs[i::WORKERS], self._scratch[i], grads, bc1, bc2_sqrt) for i in range(WORKERS)]
+        if self._pool is None:
+            self._update(*parts[0])
+        else:
+            for f in [self._pool.submit(self._update, *part) for part in parts]:
+                f.result()
 
-    def _update(self, p, g, m, v, wd, bc1, bc2_sqrt) -> None:
-        # Chunks of CHUNK elements keep the ~10 passes of one chunk in cache, and bound the
-        # scratch memory to two chunks whatever the model size.
+    def _update(self, jobs, scratch, grads, bc1, bc2_sqrt) -> None:
         b1, b2 = self.betas
-        decay, c1, c2 = F32(1.0 - self.lr * wd), F32(1.0 - b1), F32(1.0 - b2)
+        c1, c2 = F32(1.0 - b1), F32(1.0 - b2)
         value, bc2s, eps = F32(-self.lr / bc1), F32(bc2_sqrt), F32(self.eps)
-        flat = [a.reshape(-1) for a in (p, g, m, v)]
-        for lo in range(0, p.size, CHUNK):
-            pc, gc, mc, vc = (a[lo:lo + CHUNK] for a in flat)
-            t1, t2 = self._t1[:pc.size], self._t2[:pc.size]
+        for name, lo in jobs:
+            wd = self.wd[name]
+            decay = F32(1.0 - self.lr * wd)
+            pc, gc, mc, vc = (a.reshape(-1)[lo:lo + CHUNK] for a in
+                              (self.params[name], grads[name], self.exp_avg[name], self.exp_avg_sq[name]))
+            t1, t2 = scratch[0][:pc.size], scratch[1][:pc.size]
             if wd:
                 pc *= decay
             np.subtract(gc, mc, out=t1)         # m.lerp_(g, 1 − β1)
