@@ -85,9 +85,13 @@ def head_rmsnorm_bwd(dy: np.ndarray, x: np.ndarray, w: np.ndarray,
 # ------------------------------------------------------------------- SiLU and SwiGLU
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    # exp of −x overflows to inf for x < −88, which still gives the right limit 0
+    # exp of −x overflows to inf for x < −88, which still gives the right limit 0;
+    # one buffer, updated in place: these run over every MLP activation of every layer
+    e = np.negative(x, dtype=F32)
     with np.errstate(over="ignore"):
-        return F32(1.0) / (F32(1.0) + np.exp(-x))
+        np.exp(e, out=e)
+    e += F32(1.0)
+    return np.reciprocal(e, out=e)
 
 
 def silu_fwd(x: np.ndarray) -> np.ndarray:
@@ -109,8 +113,14 @@ def swiglu_fwd(h1: np.ndarray, h3: np.ndarray) -> np.ndarray:
 def swiglu_bwd(dgate: np.ndarray, h1: np.ndarray, h3: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(dh1, dh3) from dgate `[H, S]`: dh1 = dgate·h3·silu'(h1), dh3 = dgate·silu(h1)."""
     s = _sigmoid(h1)
-    dh3 = dgate * (h1 * s)
-    dh1 = dgate * h3 * s * (F32(1.0) + h1 * (F32(1.0) - s))
+    dh3 = h1 * s
+    dh3 *= dgate
+    dh1 = np.subtract(F32(1.0), s)  # silu'(h1) = s·(1 + h1·(1 − s)), built in one buffer
+    dh1 *= h1
+    dh1 += F32(1.0)
+    dh1 *= s
+    dh1 *= h3
+    dh1 *= dgate
     return dh1, dh3
 
 
