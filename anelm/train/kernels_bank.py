@@ -13,6 +13,9 @@ the S activation columns per evaluation (maderix-ane-facts §4).
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from ..compiler.pipeline import compile_graph
@@ -87,6 +90,12 @@ class DynamicBank(KernelBank):
         self.set_weights(weights)
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
-        for kind in WEIGHTED:
-            for layer in range(self.n_layers):
-                self._stage(self._req[(kind, layer)], kind, layer_mats(kind, weights, layer))
+        # Each request owns its surfaces, and numpy releases the GIL while it transposes and
+        # casts to fp16: restaging runs one request per core (the device is idle meanwhile).
+        def stage(key):
+            kind, layer = key
+            self._stage(self._req[key], kind, layer_mats(kind, weights, layer))
+
+        keys = [(kind, layer) for kind in WEIGHTED for layer in range(self.n_layers)]
+        with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+            list(pool.map(stage, keys))

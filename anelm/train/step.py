@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import ShapeError, UsageError
 from ..models.config import LlamaConfig
 from ..models.layers import rope_inv_freq
-from ..runtime.threads import share_blas_between
+from ..runtime.threads import all_blas_threads, share_blas_between
 from . import cpu_ops as ops
 from .kernels import Dims
 from .kernels_bank import DynamicBank
@@ -123,7 +123,8 @@ class DeviceTrainStep:
         ids, targets = np.asarray(x), np.asarray(y).reshape(-1)
         jobs: dict[str, Future] = {}
         with np.errstate(all="ignore"):  # inf/NaN under a too-large scale is a result, not an error
-            xl, caches = self._forward(ids, keep=True)
+            with all_blas_threads():  # no dW job runs during the forward pass
+                xl, caches = self._forward(ids, keep=True)
             loss, dy, head_grads = self._loss_head(xl, targets, float(loss_scale), jobs)
             grads = dict(head_grads)
             for i in reversed(range(self.n_layers)):
