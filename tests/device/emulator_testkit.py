@@ -10,11 +10,9 @@ import numpy as np
 from anelm.device.base import Surface
 from anelm.device.emulator import Emulator, read_packed
 from anelm.device.profile import STRICT, ChipProfile
+from anelm.doctor.milgen import program as mil  # noqa: F401 - MIL text written by hand, as the probes do
+from anelm.doctor.milgen import ttype  # noqa: F401
 from anelm.mil.program import storage_dtype
-
-HEADER = ('program(1.3)\n[buildInfo = dict<string, string>({{"coremlc-component-MIL", "3510.2.1"}, '
-          '{"coremlc-version", "3505.4.1"}, {"coremltools-component-milinternal", ""}, '
-          '{"coremltools-version", "9.0"}})]\n{\n')
 
 # Every strict behaviour off and fp32 compute: a program runs as its MIL spec says.
 LOOSE = STRICT.replace(
@@ -23,17 +21,6 @@ LOOSE = STRICT.replace(
     cast_only_at_boundary=False, compute_dtype="fp32", compile_budget=10**9)
 # Strict behaviour, but no compile budget: for tests that compile many programs.
 STRICT_NB = STRICT.replace(compile_budget=10**9)
-
-
-def ttype(dtype: str, shape) -> str:
-    return f"tensor<{dtype}, [{', '.join(str(d) for d in shape)}]>"
-
-
-def mil(inputs: list[tuple[str, str, tuple]], body: list[str], outputs: list[str]) -> str:
-    """A program(1.3) main<ios18> with `inputs` as (name, dtype, shape) and raw body lines."""
-    params = ", ".join(f"{ttype(dt, sh)} {n}" for n, dt, sh in inputs)
-    lines = "".join(f"        {b}\n" for b in body)
-    return f"{HEADER}    func main<ios18>({params}) {{\n{lines}    }} -> ({', '.join(outputs)});\n}}\n"
 
 
 def lit(v) -> str:
