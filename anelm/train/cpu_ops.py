@@ -130,15 +130,22 @@ def swiglu_flops(h: int, s: int, backward: bool = False) -> int:
 
 # ------------------------------------------------------- RoPE (HF half-split rotate_half)
 
-def rope_tables(head_dim: int, positions: np.ndarray, theta: float) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(head_dim: int, positions: np.ndarray, theta: float,
+                scaling: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin tables `[hd, S]` for the given column positions `[S]`.
 
     Computed in float32 the way HF does (inv_freq = 1/θ^(2i/hd), angle = p·inv_freq), with
     each frequency repeated in both halves: row i and row i + hd/2 hold the same angle.
+    `scaling` (HF rope_parameters: linear, llama3) rescales the frequencies as the models do.
     """
     if head_dim % 2:
         raise ShapeError(f"rope: expected an even head_dim, got {head_dim}")
-    inv_freq = F32(1.0) / (F32(theta) ** (np.arange(0, head_dim, 2, dtype=F32) / F32(head_dim)))
+    if scaling is None:
+        inv_freq = F32(1.0) / (F32(theta) ** (np.arange(0, head_dim, 2, dtype=F32) / F32(head_dim)))
+    else:
+        from ..models.layers import rope_inv_freq
+
+        inv_freq = rope_inv_freq(head_dim, theta, scaling)
     ang = inv_freq[:, None] * np.asarray(positions, dtype=F32)[None, :]  # (hd/2, S)
     ang = np.concatenate([ang, ang], axis=0)                                # (hd, S)
     return np.cos(ang).astype(F32), np.sin(ang).astype(F32)

@@ -36,7 +36,6 @@ import numpy as np
 
 from ..errors import ShapeError, UsageError
 from ..models.config import LlamaConfig
-from ..models.layers import rope_inv_freq
 from ..runtime.threads import all_blas_threads, share_blas_between
 from . import cpu_ops as ops
 from .kernels import Dims
@@ -51,12 +50,7 @@ PIPELINES = ("dynamic", "static")
 def _rope(cfg, seq: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin `[hd, B·S]`: positions 0..S-1 per sequence, HF half-split (rows i, i+hd/2 equal)."""
     pos = np.tile(np.arange(seq), batch)
-    if cfg.rope_scaling is None:
-        return ops.rope_tables(cfg.head_dim, pos, cfg.rope_theta)
-    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-    ang = inv[:, None] * pos.astype(F32)[None, :]                      # [hd/2, B·S]
-    ang = np.concatenate([ang, ang], axis=0)                            # [hd, B·S]
-    return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+    return ops.rope_tables(cfg.head_dim, pos, cfg.rope_theta, cfg.rope_scaling)
 
 
 def _check_weights(cfg, weights: dict) -> dict[str, np.ndarray]:
