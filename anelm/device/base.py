@@ -80,6 +80,22 @@ class Surface:
         """The live bytes (emulator only; hardware surfaces must be locked to touch)."""
         return self._buf
 
+    # fp16 tensors packed at offset 0: how the runtime moves activations and weights
+    host_half = np.dtype(np.float16)  # the dtype host-side copies of this surface's fp16 data keep
+
+    def write_half(self, values: np.ndarray, exact: bool = False) -> None:
+        """Write a float tensor as fp16 from byte 0, rounding to nearest (overflow gives +-inf).
+
+        `exact` promises every value already is an fp16 value; surfaces that keep float32
+        values (the emulator's) then skip the rounding.
+        """
+        with np.errstate(over="ignore"):
+            self.write(np.ascontiguousarray(values, dtype=np.float16))
+
+    def read_half(self, count: int) -> np.ndarray:
+        """The first `count` fp16 values, as a new float32 array."""
+        return self.read(2 * count).view(np.float16).astype(np.float32)
+
     def release(self) -> None:
         self._buf = np.zeros(0, dtype=np.uint8)
         self.nbytes = 0

@@ -28,6 +28,7 @@ from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
 from .emulator_plan import Plan, Resolver, build_plan
+from .emulator_surface import ShadowedSurface
 from .profile import STRICT, ChipProfile
 
 BAD_REQUEST = 0x1d  # the status the hardware returns for a request it refuses
@@ -108,6 +109,9 @@ class Emulator(Device):
     def close(self) -> None:
         self._cleanup()
 
+    def new_surface(self, nbytes: int) -> ShadowedSurface:
+        return ShadowedSurface(nbytes)
+
     def _write_folder(self, key: str, mil_text: str, weights: dict[str, bytes]) -> Path:
         folder = self._root / key[:40]
         (folder / "weights").mkdir(parents=True, exist_ok=True)
@@ -123,10 +127,20 @@ class Emulator(Device):
         if not model.loaded:
             raise DeviceError("evaluate on a model that is not loaded; call load() first", code=BAD_REQUEST)
         self._check_request(model, inputs, outputs)
-        arrays = {name: read_packed(s, t) for (name, t), s in zip(model.inputs, inputs)}
-        results = model.plan.run(arrays)
+        arrays, exact = {}, set()
+        for (name, t), s in zip(model.inputs, inputs):
+            if t.dtype == "fp16" and isinstance(s, ShadowedSurface):
+                arrays[name] = s.half_view(t.numel).reshape(t.shape or ())  # fp16 values already
+                exact.add(name)
+            else:
+                arrays[name] = read_packed(s, t)
+        results = model.plan.run(arrays, exact)
+        rounded = self.profile.compute_dtype == "fp16"  # every result is an fp16 value already
         for (name, t), s in zip(model.outputs, outputs):
-            write_packed(s, results[name], t)
+            if t.dtype == "fp16" and isinstance(s, ShadowedSurface):
+                s.write_half(results[name], exact=rounded)
+            else:
+                write_packed(s, results[name], t)
 
     def _check_request(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface]) -> None:
         p = self.profile

@@ -19,6 +19,7 @@ from ..errors import BlobError, CompileError, ShapeError
 from ..ir.ops import OP_TABLE, full_params, raw_compute
 from ..ir.ops_common import dims
 from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var, storage_dtype
+from .fp16 import round_fp16
 from .profile import ChipProfile
 
 Resolver = Callable[[str], bytes]
@@ -28,47 +29,6 @@ FLOAT_DTYPES = ("fp16", "fp32")
 def node_name(st: Statement) -> str:
     """The statement's `name` attribute, else its first result variable."""
     return st.name or st.results[0][1]
-
-
-_ABS = np.uint32(0x7FFFFFFF)
-_F16_OVER_BITS = np.uint32(0x477FF000)  # 65520.0: from here on fp16 rounds to inf
-_F16_TINY_BITS = np.uint32(0x38800000 - 1)  # 2**-14 (smallest normal fp16) minus the wrap below
-_HALF = np.float32(0.5)
-
-
-def round_fp16(a: Any) -> np.ndarray:
-    """float32 -> nearest fp16 value (ties to even), kept as float32; overflow gives +-inf.
-
-    Same result as `a.astype(float16).astype(float32)` at a fraction of the cost, which matters
-    because every op result goes through here. The mantissa is rounded on the bit pattern (add
-    0xFFF plus the kept LSB, clear the 13 low bits); one max and one min over the magnitudes
-    then tell whether any value left the normal fp16 range, and only those are redone.
-    """
-    if getattr(a, "dtype", None) == np.float16:
-        return a.astype(np.float32)  # already fp16 values (inputs, blobs): exact, no rounding
-    a = np.asarray(a, dtype=np.float32)
-    shape = a.shape
-    a = a.reshape(-1)  # flat (a copy only if not contiguous); also makes 0-d scalars arrays
-    u = a.view(np.uint32)
-    r = u >> 13
-    r &= 1
-    r += 0x0FFF
-    r += u
-    r &= np.uint32(0xFFFFE000)
-    f = r.view(np.float32)
-    if not r.size:
-        return f.reshape(shape)
-    m = u & _ABS  # magnitudes of the inputs (a NaN may round into the sign bit, so not of r)
-    if m.max() >= _F16_OVER_BITS:  # overflow, inf or NaN somewhere: rare, the IEEE cast does it all
-        with np.errstate(over="ignore", invalid="ignore"):
-            return a.astype(np.float16).astype(np.float32).reshape(shape)
-    m -= 1  # unsigned wrap: zeros go to the top and drop out of the subnormal test
-    if m.min() < _F16_TINY_BITS:
-        # fp16 subnormals are multiples of 2**-24: the float32 ulp of 0.5, so adding 0.5 rounds there
-        tiny = m < _F16_TINY_BITS
-        t = a[tiny]
-        f[tiny] = np.copysign((np.abs(t) + _HALF) - _HALF, t)
-    return f.reshape(shape)
 
 
 def make_rounder(dtype: str, profile: ChipProfile) -> Callable[[Any], Any]:
@@ -134,11 +94,16 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     in_round: dict[str, Callable] = field(default_factory=dict)
 
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Execute on arrays already shaped as declared (rounded here like every value)."""
+    def run(self, inputs: dict[str, np.ndarray], exact: set[str] | frozenset = frozenset()) -> dict[str, np.ndarray]:
+        """Execute on arrays already shaped as declared (rounded here like every value).
+
+        Inputs named in `exact` are float32 arrays of fp16 values: they are read, never copied
+        or modified, and skip the rounding when it would change nothing.
+        """
         env = dict(self.consts)
         for _, name in self.inputs:
-            env[name] = self.in_round[name](inputs[name])
+            rnd = self.in_round[name]
+            env[name] = inputs[name] if name in exact and rnd is round_fp16 else rnd(inputs[name])
         with np.errstate(all="ignore"):  # fp16 overflow to inf is the modelled behaviour
             for st in self.steps:
                 args = {k: [env[i] for i in key] if isinstance(key, list) else env[key]

@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 from ..device.base import Device, Surface
+from ..device.fp16 import round_fp16
 from ..errors import ShapeError
 from ..mil.program import storage_dtype
 from .cache import ProgramCache, program_cache
@@ -34,20 +35,35 @@ def _sizes(specs: list, uniform: bool, minimum: int) -> list[int]:
     return [max(sizes)] * len(sizes) if uniform and sizes else sizes
 
 
-def _as_input(spec, array) -> np.ndarray:
+def _as_input(spec, array, surface: Surface) -> np.ndarray:
+    """The array as the host keeps it for `surface`: fp16 data as the surface's `host_half`."""
     a = np.asarray(array)
     if a.shape != tuple(spec.shape):
         raise ShapeError(f"input '{spec.name}': expected shape {list(spec.shape)}, got {list(a.shape)}")
     if a.dtype.kind not in "biuf":
         raise ShapeError(f"input '{spec.name}': expected numbers castable to {spec.dtype}, got dtype {a.dtype}")
-    return np.ascontiguousarray(a, dtype=storage_dtype(spec.dtype))
+    if spec.dtype != "fp16":
+        return np.ascontiguousarray(a, dtype=storage_dtype(spec.dtype))
+    return _to_host_half(a, surface.host_half)
+
+
+def _to_host_half(a: np.ndarray, host: np.dtype) -> np.ndarray:
+    """fp16 values in the host dtype: float32 ones are rounded onto the fp16 grid here."""
+    if host == np.float32 and a.dtype != np.float16:
+        return round_fp16(a)
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(a, dtype=host)
 
 
 class Kernel:
     """A compiled program with its surfaces; callable with numpy arrays."""
 
-    def __init__(self, artifact, device: Device, cache: ProgramCache | None = None):
+    def __init__(self, artifact, device: Device, cache: ProgramCache | None = None,
+                 float32_outputs: bool = False):
         self.artifact, self.device = artifact, device
+        # fp16 outputs as float32 arrays of the same values: what numpy callers compute with
+        # anyway, and on the emulator it skips a float16 cast each way
+        self.float32_outputs = float32_outputs
         self._cache = cache if cache is not None else program_cache()
         p = device.profile
         sig = artifact.signature
@@ -93,8 +109,11 @@ class Kernel:
             self.device.evaluate(self.model, in_surfaces, self._out_surfaces)
             got = {}
             for spec, s in zip(self.outputs, self._out_surfaces):
-                raw = s.read(spec.nbytes)
-                got[spec.name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape)
+                if self.float32_outputs and spec.dtype == "fp16":
+                    got[spec.name] = s.read_half(int(np.prod(spec.shape))).reshape(spec.shape)
+                else:
+                    raw = s.read(spec.nbytes)
+                    got[spec.name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape)
         out = {self._user.get(n, n): got[n] for n in self._declared_outputs}
         for name, how in self._concat.items():  # strict rejects concat: join the parts here
             out[name] = np.concatenate([out.pop(part) for part in how["parts"]], axis=how["axis"])
@@ -141,8 +160,8 @@ class Request:
         name = self.kernel._mil.get(name, name)
         i, spec = self._spec(name)
         if columns is None:
-            a = _as_input(spec, array)
-            self.surfaces[i].write(a)
+            a = _as_input(spec, array, self.surfaces[i])
+            self._put(i, spec, a)
             if name in self._mirror:
                 self._mirror[name][...] = a
             return
@@ -152,7 +171,8 @@ class Request:
         if a.shape != target.shape and a.shape != tuple(d for d in target.shape if d != 1):
             raise ShapeError(f"input '{name}' columns {columns.start}:{columns.stop}: expected shape "
                              f"{list(target.shape)}, got {list(a.shape)}")
-        host[..., columns] = a.reshape(target.shape)
+        host[..., columns] = _to_host_half(a, host.dtype).reshape(target.shape) if spec.dtype == "fp16" \
+            else a.reshape(target.shape)
         self._dirty.add(name)
 
     def run(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
@@ -161,7 +181,8 @@ class Request:
         for name, a in arrays.items():
             self.write(name, a)
         for name in self._dirty:
-            self.surfaces[self._specs[name][0]].write(self._mirror[name])
+            i, spec = self._specs[name]
+            self._put(i, spec, self._mirror[name])
         self._dirty.clear()
         return self.kernel._evaluate(self.surfaces)
 
@@ -175,9 +196,19 @@ class Request:
             raise ShapeError(f"kernel has no input '{name}'; expected one of {sorted(self._specs)}")
         return self._specs[name]
 
+    def _put(self, i: int, spec, host: np.ndarray) -> None:
+        """Write a host array (as `_as_input` or `_host` keep it) into input surface i."""
+        if spec.dtype == "fp16":
+            self.surfaces[i].write_half(host, exact=True)
+        else:
+            self.surfaces[i].write(host)
+
     def _host(self, name: str, spec) -> np.ndarray:
         if name not in self._mirror:
-            i = self._specs[name][0]
-            raw = self.surfaces[i].read(spec.nbytes)  # what was staged so far
-            self._mirror[name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape).copy()
+            surface = self.surfaces[self._specs[name][0]]  # what was staged so far
+            if spec.dtype == "fp16" and surface.host_half == np.float32:
+                self._mirror[name] = surface.read_half(int(np.prod(spec.shape))).reshape(spec.shape)
+            else:
+                raw = surface.read(spec.nbytes)
+                self._mirror[name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape).copy()
         return self._mirror[name]

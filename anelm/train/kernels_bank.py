@@ -45,7 +45,7 @@ class KernelBank:
         if got != want:  # the bank reads outputs by these names
             raise CompileError(kind, f"outputs were renamed to {got}", f"declare {want} alphabetically")
         self.flops[kind] = graph_flops(graph)
-        kern = Kernel(art, self.device, cache=cache)
+        kern = Kernel(art, self.device, cache=cache, float32_outputs=True)
         self._kernels.append(kern)
         return kern
 
@@ -57,7 +57,7 @@ class KernelBank:
             for a in pk.acts:
                 req.write(name, acts[a], columns=cols[a])
         out = req.run()
-        return {k: v.reshape(v.shape[1], v.shape[3]).astype(np.float32) for k, v in out.items()}
+        return {k: v.reshape(v.shape[1], v.shape[3]) for k, v in out.items()}
 
     def _stage(self, req: Request, kind: str, mats: dict[str, np.ndarray]) -> None:
         """Write the weight blocks M of a dynamic request into their columns."""

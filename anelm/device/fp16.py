@@ -1,0 +1,51 @@
+"""fp16 values kept in float32 arrays: the emulator's working representation.
+
+The ANE stores and computes fp16. The emulator keeps every value as a float32 that is exactly
+an fp16 value, so numpy and BLAS work at float32 speed; `round_fp16` is the one place values
+are brought onto the fp16 grid. numpy's own float16 casts are scalar loops on most x86 builds
+(about 4 ns per element to fp16 and 3 ns back), which made them the emulator's largest cost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+F16_MAX = 65504.0
+_EXP = np.uint32(0x7F800000)
+_SIGN = np.uint32(0x80000000)
+_MIN_EXP = np.uint32(113 << 23)  # 2**-14, the smallest normal fp16: below it the grid is fixed
+_SHIFT = np.uint32((13 << 23) | 0x400000)  # 2**13 times the value's binade, times 1.5
+
+
+def round_fp16(a: Any) -> np.ndarray:
+    """float32 -> nearest fp16 value (ties to even), as a new float32 array; overflow gives +-inf.
+
+    Same result, bit for bit, as `a.astype(float16).astype(float32)`. Adding then subtracting
+    C = 1.5 * 2**(e + 13), where 2**e is the value's binade (never below 2**-14), leaves the sum
+    in a binade whose float32 ulp is the fp16 ulp at e, so the float32 adder does the rounding,
+    ties to even included (C is an even number of those ulps), and fp16 subnormals come out on
+    their fixed 2**-24 grid. The sign bit is put back afterwards so that values rounding to zero
+    keep their sign. Overflow, inf and NaN, which this trick does not handle, are rare: they
+    are found with one max and one min, and only then does the IEEE cast redo the array.
+    """
+    if getattr(a, "dtype", None) == np.float16:
+        return a.astype(np.float32)  # already fp16 values (inputs, blobs): exact
+    a = np.asarray(a, dtype=np.float32)
+    if a.ndim == 0:
+        return round_fp16(a.reshape(1)).reshape(())
+    u = a.view(np.uint32)
+    c = u & _EXP
+    np.maximum(c, _MIN_EXP, out=c)
+    c += _SHIFT
+    cf = c.view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = a + cf
+        y -= cf
+        if y.size and not (y.max() <= F16_MAX and y.min() >= -F16_MAX):  # also false for any NaN
+            return a.astype(np.float16).astype(np.float32)
+    np.bitwise_and(u, _SIGN, out=c)
+    yu = y.view(np.uint32)
+    yu |= c
+    return y

@@ -1,0 +1,48 @@
+"""round_fp16 against numpy's IEEE float16 cast, bit for bit (signed zeros, subnormals, inf, NaN)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from anelm.device.fp16 import round_fp16
+
+
+def ieee(x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return x.astype(np.float16).astype(np.float32)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    nan = np.isnan(a)
+    return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
+
+
+# float32 binades (exponent field): deep fp16 subnormals, the subnormal/normal boundary, 1.0,
+# the top fp16 binade (65504 and the overflow to inf), far past it, and zero/NaN/inf patterns
+@pytest.mark.parametrize("exponent", [100, 112, 113, 127, 142, 143, 0, 255])
+def test_every_float32_of_a_binade(exponent):
+    bits = (np.uint32(exponent) << 23) | np.arange(1 << 23, dtype=np.uint32)
+    for sign in (0, 1):
+        x = (bits | np.uint32(sign << 31)).view(np.float32)
+        assert same_bits(round_fp16(x), ieee(x))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=40))
+def test_random_bit_patterns_mixed(bits):
+    # arrays mixing ordinary values with overflow, inf and NaN take the fallback path whole
+    x = np.array(bits, np.uint32).view(np.float32)
+    assert same_bits(round_fp16(x), ieee(x))
+
+
+def test_edges_and_shapes():
+    x = np.array([65504, 65519.99, 65520, -70000, 2.0**-24, 2.0**-25, 3 * 2.0**-25,
+                  2.0**-14 - 2.0**-30, 0.0, -0.0, -1e-9], np.float32)
+    assert same_bits(round_fp16(x), ieee(x))
+    assert round_fp16(x[-1]).view(np.uint32) == np.uint32(0x80000000)  # -1e-9 rounds to -0.0
+    assert round_fp16(np.float32(3.3)).shape == ()
+    m = np.arange(12, dtype=np.float32).reshape(3, 4).T / 7  # non-contiguous input
+    assert same_bits(round_fp16(m), ieee(m)) and round_fp16(m).shape == (4, 3)
+    h = np.array([1.5, -2.0], np.float16)
+    assert round_fp16(h).dtype == np.float32 and list(round_fp16(h)) == [1.5, -2.0]
