@@ -59,6 +59,13 @@ class ShadowedSurface(Surface):
             raise ValueError(f"read of {2 * count} bytes at 0 overruns a {self.nbytes}-byte surface")
         return half[:count]
 
+    def live_half(self, count: int) -> np.ndarray:
+        """The first `count` values, live and writable: writes through it are writes to the surface
+        (how a request stages weight columns in place). Ask again after any byte-level write."""
+        view = self.half_view(count)
+        self._bytes_current = self._pristine = False
+        return view
+
     def release(self) -> None:
         super().release()
         self._half, self._bytes_current = None, True

@@ -27,8 +27,8 @@ def round_fp16(a: Any) -> np.ndarray:
     in a binade whose float32 ulp is the fp16 ulp at e, so the float32 adder does the rounding,
     ties to even included (C is an even number of those ulps), and fp16 subnormals come out on
     their fixed 2**-24 grid. The sign bit is put back afterwards so that values rounding to zero
-    keep their sign. Overflow, inf and NaN, which this trick does not handle, are rare: they
-    are found with one max and one min, and only then does the IEEE cast redo the array.
+    keep their sign. inf and NaN pass through the add unchanged; values past the fp16 range
+    (found with one max and one min, so ordinary arrays pay nothing more) become +-inf.
     """
     if getattr(a, "dtype", None) == np.float16:
         return a.astype(np.float32)  # already fp16 values (inputs, blobs): exact
@@ -44,7 +44,8 @@ def round_fp16(a: Any) -> np.ndarray:
         y = a + cf
         y -= cf
         if y.size and not (y.max() <= F16_MAX and y.min() >= -F16_MAX):  # also false for any NaN
-            return a.astype(np.float16).astype(np.float32)
+            np.abs(y, out=cf)
+            np.multiply(y, np.float32(np.inf), out=y, where=cf > F16_MAX)  # overflow: +-inf
     np.bitwise_and(u, _SIGN, out=c)
     yu = y.view(np.uint32)
     yu |= c

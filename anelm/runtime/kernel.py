@@ -165,7 +165,7 @@ class Request:
             if name in self._mirror:
                 self._mirror[name][...] = a
             return
-        host = self._host(name, spec)
+        host, live = self._host(name, spec)
         target = host[..., columns]
         a = np.asarray(array)
         if a.shape != target.shape and a.shape != tuple(d for d in target.shape if d != 1):
@@ -173,7 +173,8 @@ class Request:
                              f"{list(target.shape)}, got {list(a.shape)}")
         host[..., columns] = _to_host_half(a, host.dtype).reshape(target.shape) if spec.dtype == "fp16" \
             else a.reshape(target.shape)
-        self._dirty.add(name)
+        if not live:
+            self._dirty.add(name)
 
     def run(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Write the given inputs whole (others keep what was staged), evaluate, read outputs."""
@@ -203,12 +204,13 @@ class Request:
         else:
             self.surfaces[i].write(host)
 
-    def _host(self, name: str, spec) -> np.ndarray:
-        if name not in self._mirror:
-            surface = self.surfaces[self._specs[name][0]]  # what was staged so far
-            if spec.dtype == "fp16" and surface.host_half == np.float32:
-                self._mirror[name] = surface.read_half(int(np.prod(spec.shape))).reshape(spec.shape)
-            else:
-                raw = surface.read(spec.nbytes)
-                self._mirror[name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape).copy()
-        return self._mirror[name]
+    def _host(self, name: str, spec) -> tuple[np.ndarray, bool]:
+        """The array column writes go to, and whether it is the surface itself (no copy at run)."""
+        surface = self.surfaces[self._specs[name][0]]
+        live = getattr(surface, "live_half", None)  # the emulator's surfaces hold float32 values
+        if spec.dtype == "fp16" and live is not None:
+            return live(int(np.prod(spec.shape))).reshape(spec.shape), True
+        if name not in self._mirror:  # a host copy of what was staged so far
+            raw = surface.read(spec.nbytes)
+            self._mirror[name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape).copy()
+        return self._mirror[name], False

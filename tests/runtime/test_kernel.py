@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from anelm.compiler.artifact import Artifact, signature_from_function
-from anelm.device.base import compile_count
+from anelm.device.base import Surface, compile_count
 from anelm.device.emulator import Emulator
 from anelm.device.profile import STRICT
 from anelm.errors import ShapeError
@@ -90,7 +90,15 @@ def test_input_errors_are_one_line():
         k(a=good, b=good)
 
 
-def test_requests_stage_weight_columns_and_share_outputs():
+class ByteSurfaces(Emulator):
+    """Hands out plain byte surfaces, as the hardware backend does: requests keep host copies."""
+
+    def new_surface(self, nbytes):
+        return Surface(nbytes)
+
+
+@pytest.mark.parametrize("device", [Emulator, ByteSurfaces])
+def test_requests_stage_weight_columns_and_share_outputs(device):
     ic, s, oc = 16, 32, 8
     x_t = f"tensor<fp16, [1, {ic}, 1, {s + oc}]>"
     body = ['tensor<int32, [4]> ba = const()[name = string("ba"), val = tensor<int32, [4]>([0, 0, 0, 0])];',
@@ -109,7 +117,7 @@ def test_requests_stage_weight_columns_and_share_outputs():
             f'tensor<fp16, [1, 1, {oc}, {s}]> y = matmul(transpose_x = tT, transpose_y = tF, x = w2, y = a2)[name = string("y")];']
     art = artifact(f"{x_t} x", body, "y")
     w1, w2 = (rng.standard_normal((ic, oc)).astype(np.float16) for _ in range(2))
-    with Kernel(art, Emulator(PROFILE), cache=ProgramCache()) as k:
+    with Kernel(art, device(PROFILE), cache=ProgramCache()) as k:
         r1, r2 = k.request(), k.request()
         r1.write("x", w1, columns=slice(s, s + oc))  # [C, n] for a [1, C, 1, n] column block
         r2.write("x", w2[None, :, None, :], columns=slice(s, s + oc))
@@ -125,6 +133,20 @@ def test_requests_stage_weight_columns_and_share_outputs():
                 assert np.abs(y[0, 0] - ref).max() / np.abs(ref).max() < 1e-2
         with pytest.raises(ShapeError, match=r"input 'x' columns 0:32: expected shape \[1, 16, 1, 32\], got \[16, 31\]"):
             r1.write("x", np.zeros((ic, s - 1)), columns=slice(0, s))
+
+
+@pytest.mark.parametrize("device", [Emulator, ByteSurfaces])
+def test_float32_outputs_hold_the_fp16_values(device):
+    a = rng.standard_normal((1, 8, 1, 16)) * 1e3
+    b = a * 70  # some differences overflow fp16: inf on both paths
+    with Kernel(SUB, device(PROFILE), cache=ProgramCache()) as k16, \
+            Kernel(SUB, device(PROFILE), cache=ProgramCache(), float32_outputs=True) as k32:
+        with np.errstate(over="ignore"):
+            ref, got = k16(a=a, b=b), k32(a=a.astype(np.float32), b=b.astype(np.float32))
+        for name in ("zd", "ab"):
+            assert got[name].dtype == np.float32 and ref[name].dtype == np.float16
+            assert np.array_equal(got[name], ref[name].astype(np.float32))
+        assert np.isinf(got["zd"]).any()
 
 
 def test_cache_compiles_once_and_evicts_lru_unpinned():
