@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..compiler.pipeline import compile_graph
+from ..device.fp16 import round_fp16
 from ..errors import CompileError
 from ..runtime.kernel import Kernel, Request
 from .kernels import WEIGHTED, WEIGHTLESS, Dims, build_graph, graph_flops, layer_mats, layouts
@@ -59,12 +60,12 @@ class KernelBank:
         out = req.run()
         return {k: v.reshape(v.shape[1], v.shape[3]) for k, v in out.items()}
 
-    def _stage(self, req: Request, kind: str, mats: dict[str, np.ndarray]) -> None:
+    def _stage(self, req: Request, kind: str, mats: dict[str, np.ndarray], exact: bool = False) -> None:
         """Write the weight blocks M of a dynamic request into their columns."""
         for name, pk in self.layouts[kind].items():
             cols = pk.columns(self.dims.s)
             for role, _ in pk.weights:
-                req.write(name, mats[role], columns=cols[role])
+                req.write(name, mats[role], columns=cols[role], exact=exact)
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         raise NotImplementedError
@@ -90,12 +91,14 @@ class DynamicBank(KernelBank):
         self.set_weights(weights)
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
-        # Each request owns its surfaces, and numpy releases the GIL while it transposes and
-        # casts to fp16: restaging runs one request per core (the device is idle meanwhile).
-        def stage(key):
-            kind, layer = key
-            self._stage(self._req[key], kind, layer_mats(kind, weights, layer))
+        # Each request owns its surfaces, and numpy releases the GIL while it rounds and
+        # transposes: restaging runs one layer per core (the device is idle meanwhile). A layer's
+        # matrices are rounded to fp16 once for both the forward (Wᵀ) and the dx (W) kernels.
+        def stage(layer):
+            p = f"model.layers.{layer}."
+            rounded = {k: round_fp16(w) for k, w in weights.items() if k.startswith(p) and w.ndim == 2}
+            for kind in WEIGHTED:
+                self._stage(self._req[(kind, layer)], kind, layer_mats(kind, rounded, layer), exact=True)
 
-        keys = [(kind, layer) for kind in WEIGHTED for layer in range(self.n_layers)]
         with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-            list(pool.map(stage, keys))
+            list(pool.map(stage, range(self.n_layers)))
