@@ -17,6 +17,7 @@ _EXP = np.uint32(0x7F800000)
 _SIGN = np.uint32(0x80000000)
 _MIN_EXP = np.uint32(113 << 23)  # 2**-14, the smallest normal fp16: below it the grid is fixed
 _SHIFT = np.uint32((13 << 23) | 0x400000)  # 2**13 times the value's binade, times 1.5
+_TOP_BINADE = np.uint32(142 << 23)  # 2**15: the only finite binade that can round past 65504
 
 
 def round_fp16(a: Any) -> np.ndarray:
@@ -26,27 +27,42 @@ def round_fp16(a: Any) -> np.ndarray:
     C = 1.5 * 2**(e + 13), where 2**e is the value's binade (never below 2**-14), leaves the sum
     in a binade whose float32 ulp is the fp16 ulp at e, so the float32 adder does the rounding,
     ties to even included (C is an even number of those ulps), and fp16 subnormals come out on
-    their fixed 2**-24 grid. The sign bit is put back afterwards so that values rounding to zero
-    keep their sign. inf and NaN pass through the add unchanged; values past the fp16 range
-    (found with one max and one min, so ordinary arrays pay nothing more) become +-inf.
+    their fixed 2**-24 grid. The sign is copied back afterwards so that values rounding to zero
+    keep theirs. inf and NaN pass through the add unchanged; values past the fp16 range become
+    +-inf, checked only when the largest exponent (one max over the exponents) allows it.
     """
     if getattr(a, "dtype", None) == np.float16:
         return a.astype(np.float32)  # already fp16 values (inputs, blobs): exact
     a = np.asarray(a, dtype=np.float32)
     if a.ndim == 0:
         return round_fp16(a.reshape(1)).reshape(())
+    a = np.ascontiguousarray(a)  # the exponent work below is done in place, on flat views
     u = a.view(np.uint32)
     c = u & _EXP
-    np.maximum(c, _MIN_EXP, out=c)
+    large = c.size and c.max() >= _TOP_BINADE  # |x| >= 2**15 somewhere (or inf/NaN): may overflow
+    _at_least_min_exp(c)
     c += _SHIFT
     cf = c.view(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         y = a + cf
         y -= cf
-        if y.size and not (y.max() <= F16_MAX and y.min() >= -F16_MAX):  # also false for any NaN
+        if large:
             np.abs(y, out=cf)
             np.multiply(y, np.float32(np.inf), out=y, where=cf > F16_MAX)  # overflow: +-inf
-    np.bitwise_and(u, _SIGN, out=c)
+    np.bitwise_and(u, _SIGN, out=c)  # (np.copysign is a scalar loop: twice the time of these two)
     yu = y.view(np.uint32)
     yu |= c
     return y
+
+
+_ROW = np.full(4096, _MIN_EXP, np.uint32)
+
+
+def _at_least_min_exp(c: np.ndarray) -> None:
+    """c = max(c, 2**-14's exponent) in place. numpy's maximum against a scalar is a scalar loop;
+    against a row of the constant, broadcast over rows of c, it is vectorised (3x faster)."""
+    flat = c.reshape(-1)
+    body = flat.size - flat.size % _ROW.size
+    rows = flat[:body].reshape(-1, _ROW.size)
+    np.maximum(rows, _ROW, out=rows)
+    np.maximum(flat[body:], _MIN_EXP, out=flat[body:])

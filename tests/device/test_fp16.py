@@ -42,7 +42,9 @@ def test_edges_and_shapes():
     assert same_bits(round_fp16(x), ieee(x))
     assert round_fp16(x[-1]).view(np.uint32) == np.uint32(0x80000000)  # -1e-9 rounds to -0.0
     assert round_fp16(np.float32(3.3)).shape == ()
-    m = np.arange(12, dtype=np.float32).reshape(3, 4).T / 7  # non-contiguous input
+    m = (np.arange(12, dtype=np.float32).reshape(3, 4).T - 5) * 1e-6  # non-contiguous, fp16 subnormals
     assert same_bits(round_fp16(m), ieee(m)) and round_fp16(m).shape == (4, 3)
+    big = np.linspace(-1e-5, 1e-5, 3 * 5000, dtype=np.float32).reshape(3, 5000)[:, ::2]  # strided
+    assert same_bits(round_fp16(big), ieee(big))
     h = np.array([1.5, -2.0], np.float16)
     assert round_fp16(h).dtype == np.float32 and list(round_fp16(h)) == [1.5, -2.0]
