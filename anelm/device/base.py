@@ -112,6 +112,11 @@ class Device(ABC):
     def new_surface(self, nbytes: int) -> Surface:
         return Surface(nbytes)
 
+    @property
+    def host_half(self) -> np.dtype:
+        """The dtype host copies of fp16 data are best kept in for this device's surfaces."""
+        return Surface.host_half
+
     @abstractmethod
     def compile(self, mil_text: str, weights: dict[str, bytes]):
         """Compile MIL text with its weight blobs; counts against the compile budget."""

@@ -112,6 +112,10 @@ class Emulator(Device):
     def new_surface(self, nbytes: int) -> ShadowedSurface:
         return ShadowedSurface(nbytes)
 
+    @property
+    def host_half(self) -> np.dtype:
+        return ShadowedSurface.host_half
+
     def _write_folder(self, key: str, mil_text: str, weights: dict[str, bytes]) -> Path:
         folder = self._root / key[:40]
         (folder / "weights").mkdir(parents=True, exist_ok=True)

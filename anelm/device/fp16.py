@@ -17,6 +17,7 @@ _EXP = np.uint32(0x7F800000)
 _SIGN = np.uint32(0x80000000)
 _MIN_EXP = np.uint32(113 << 23)  # 2**-14, the smallest normal fp16: below it the grid is fixed
 _SHIFT = np.uint32((13 << 23) | 0x400000)  # 2**13 times the value's binade, times 1.5
+_SMALL = 4096
 _TOP_BINADE = np.uint32(142 << 23)  # 2**15: the only finite binade that can round past 65504
 
 
@@ -34,21 +35,25 @@ def round_fp16(a: Any) -> np.ndarray:
     if getattr(a, "dtype", None) == np.float16:
         return a.astype(np.float32)  # already fp16 values (inputs, blobs): exact
     a = np.asarray(a, dtype=np.float32)
-    if a.ndim == 0:
-        return round_fp16(a.reshape(1)).reshape(())
+    if a.size <= _SMALL:  # a dozen numpy calls cost more than the cast on a few thousand values
+        with np.errstate(over="ignore"):
+            return a.astype(np.float16).astype(np.float32)
     a = np.ascontiguousarray(a)  # the exponent work below is done in place, on flat views
     u = a.view(np.uint32)
     c = u & _EXP
-    large = c.size and c.max() >= _TOP_BINADE  # |x| >= 2**15 somewhere (or inf/NaN): may overflow
+    large = c.max() >= _TOP_BINADE  # |x| >= 2**15 somewhere (or inf/NaN): may overflow
     _at_least_min_exp(c)
     c += _SHIFT
     cf = c.view(np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        y = a + cf
-        y -= cf
-        if large:
+    if large:  # (signalling NaNs raise 'invalid' in the add)
+        with np.errstate(invalid="ignore"):
+            y = a + cf
+            y -= cf
             np.abs(y, out=cf)
             np.multiply(y, np.float32(np.inf), out=y, where=cf > F16_MAX)  # overflow: +-inf
+    else:
+        y = a + cf
+        y -= cf
     np.bitwise_and(u, _SIGN, out=c)  # (np.copysign is a scalar loop: twice the time of these two)
     yu = y.view(np.uint32)
     yu |= c

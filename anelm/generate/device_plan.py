@@ -101,15 +101,16 @@ def plan_sizes(layers: int, context: int, budget: int) -> SizePlan:
 
 
 class DeviceCache:
-    """Keys and values of every layer, fp16 `[L, C, W]` (`[1, C, 1, W]` per layer as the
+    """Keys and values of every layer, fp16 values `[L, C, W]` (`[1, C, 1, W]` per layer as the
     kernels read them), W grown to the decode tier in use so a layer's slice is one block.
 
     `length` counts the positions stored; prefill and decode write at `length`, then advance.
     """
 
-    def __init__(self, layers: int, channels: int, capacity: int):
+    def __init__(self, layers: int, channels: int, capacity: int, dtype=np.float16):
         self.length, self.capacity = 0, capacity
-        self.k = np.zeros((layers, channels, 0), np.float16)
+        # fp16 values, held as the device's host dtype for fp16 (float32 on the emulator)
+        self.k = np.zeros((layers, channels, 0), dtype)
         self.v = np.zeros_like(self.k)
 
     @property

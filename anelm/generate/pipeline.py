@@ -85,7 +85,8 @@ class DeviceRunner:
 
     # --- Runner interface -------------------------------------------------------------------
     def new_cache(self) -> DeviceCache:
-        return DeviceCache(self.config.num_hidden_layers, self.shapes[0].kv_channels, self.plan.context)
+        return DeviceCache(self.config.num_hidden_layers, self.shapes[0].kv_channels, self.plan.context,
+                           self.dev.host_half)
 
     def prefill(self, ids: Sequence[int], cache: DeviceCache, last_only: bool = False) -> np.ndarray:
         """Run `ids` at positions cache.length..; logits [T, V] ([1, V] when `last_only`)."""
@@ -115,10 +116,10 @@ class DeviceRunner:
         n, d = len(ids), self.config.hidden_size
         seq = self.plan.bucket(n)
         cache.reserve(self.plan.tier(n - 1))  # room for n positions, in the tier decode reads next
-        x = np.zeros((1, d, 1, seq), np.float16)
+        x = np.zeros((1, d, 1, seq), np.float32)
         x[0, :, 0, :n] = self.cpu.embed(ids, np.arange(n)).T  # [n, D] -> [D, n]
         for i in range(len(self.layers)):
-            out = self._kernel("prefill", i, seq).run({"x": x})
+            out = self._kernel("prefill", i, seq).run({"x": x}, exact=() if i == 0 else ("x",))
             cache.k[i, :, :n] = out["k"].reshape(-1, seq)[:, :n]  # [Hkv, 1, Dh, S] -> [C, S] -> [C, n]
             cache.v[i, :, :n] = out["v"].reshape(-1, seq)[:, :n]
             x = out["y"]
@@ -133,7 +134,7 @@ class DeviceRunner:
         pos, d, s = cache.length, self.config.hidden_size, self.shapes[0]
         tier = self.plan.tier(pos)
         cache.reserve(tier)
-        x = self.cpu.embed(np.array([token]), np.array([pos])).astype(np.float16)
+        x = self.cpu.embed(np.array([token]), np.array([pos])).astype(np.float32)
         x = x.reshape(1, d, 1, 1)  # [1, D] -> [1, D, 1, 1]
         heads = (s.kv_heads, 1, s.head_dim, tier)
         step = {"mask": decode_mask(pos, tier)}
@@ -144,7 +145,8 @@ class DeviceRunner:
             out = self._kernel("decode", i, tier).run({
                 "x": x, **step,
                 "k_cache": cache.k[i, :, :tier].reshape(heads),  # [C, T] -> [Hkv, 1, Dh, T]
-                "v_cache": cache.v[i, :, :tier].reshape(heads)})
+                "v_cache": cache.v[i, :, :tier].reshape(heads)},
+                exact=("k_cache", "v_cache") if i == 0 else ("k_cache", "v_cache", "x"))
             cache.k[i, :, pos] = out["k_new"].reshape(-1)  # [Hkv, 1, Dh, 1] -> [C]
             cache.v[i, :, pos] = out["v_new"].reshape(-1)
             x = out["y"]
@@ -164,5 +166,5 @@ class DeviceRunner:
             art = compile_graph(graph, self.dev.profile)
             # inputs and outputs are declared in alphabetical order: MIL names are ours
             assert not art.meta["aliases"], f"{graph.name}: surfaces were renamed {art.meta['aliases']}"
-            self.kernels[key] = Kernel(art, self.dev)
+            self.kernels[key] = Kernel(art, self.dev, float32_outputs=True)
         return self.kernels[key]

@@ -15,6 +15,7 @@ profile's order (alphabetical by MIL name in `strict`).
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 
 import numpy as np
 
@@ -35,7 +36,7 @@ def _sizes(specs: list, uniform: bool, minimum: int) -> list[int]:
     return [max(sizes)] * len(sizes) if uniform and sizes else sizes
 
 
-def _as_input(spec, array, surface: Surface) -> np.ndarray:
+def _as_input(spec, array, surface: Surface, exact: bool = False) -> np.ndarray:
     """The array as the host keeps it for `surface`: fp16 data as the surface's `host_half`."""
     a = np.asarray(array)
     if a.shape != tuple(spec.shape):
@@ -44,6 +45,8 @@ def _as_input(spec, array, surface: Surface) -> np.ndarray:
         raise ShapeError(f"input '{spec.name}': expected numbers castable to {spec.dtype}, got dtype {a.dtype}")
     if spec.dtype != "fp16":
         return np.ascontiguousarray(a, dtype=storage_dtype(spec.dtype))
+    if exact and a.dtype == surface.host_half:
+        return np.ascontiguousarray(a)
     return _to_host_half(a, surface.host_half)
 
 
@@ -91,15 +94,22 @@ class Kernel:
         self._requests.append(req)
         return req
 
-    def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Every input by MIL name -> every output by returned name (declared dtype and shape)."""
+    def run(self, arrays: dict[str, np.ndarray], exact: Collection[str] = ()) -> dict[str, np.ndarray]:
+        """Every input by MIL name -> every output by returned name (declared dtype and shape).
+
+        Inputs named in `exact` are float arrays of fp16 values already (earlier outputs with
+        `float32_outputs`): they are not rounded again.
+        """
+        self._check_open()
         names = {self._user.get(s.name, s.name) for s in self.inputs}
         missing = sorted(names - {self._user.get(k, k) for k in arrays})
         if missing:
             raise ShapeError(f"kernel inputs: missing {missing}; expected names {sorted(names)}")
         if self._default is None:
             self._default = self.request()
-        return self._default.run(**arrays)
+        for name, a in arrays.items():
+            self._default.write(name, a, exact=name in exact)
+        return self._default.run()
 
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self.run(arrays)
@@ -162,7 +172,7 @@ class Request:
         name = self.kernel._mil.get(name, name)
         i, spec = self._spec(name)
         if columns is None:
-            a = _as_input(spec, array, self.surfaces[i])
+            a = _as_input(spec, array, self.surfaces[i], exact)
             self._put(i, spec, a)
             if name in self._mirror:
                 self._mirror[name][...] = a

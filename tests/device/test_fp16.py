@@ -34,6 +34,8 @@ def test_random_bit_patterns_mixed(bits):
     # arrays mixing ordinary values with overflow, inf and NaN take the fallback path whole
     x = np.array(bits, np.uint32).view(np.float32)
     assert same_bits(round_fp16(x), ieee(x))
+    big = np.resize(x, 5000)  # the same values past the small-array cut-over
+    assert same_bits(round_fp16(big), ieee(big))
 
 
 def test_edges_and_shapes():
