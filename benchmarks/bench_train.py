@@ -57,14 +57,14 @@ def make_config(layers: int, seq: int) -> LlamaConfig:
 
 # ------------------------------------------------------------------------- whole steps
 
-def ours_step(cfg, batch, seq, steps):
+def ours_step(cfg, batch, seq, steps, warmup):
     w = init_weights(cfg, seed=0)
     step = DeviceTrainStep(cfg, w, Emulator(STRICT), seq_len=seq)
     opt = AdamW(w, lr=1e-4)
     rng = np.random.default_rng(0)
     x, y = (rng.integers(0, cfg.vocab_size, (batch, seq)) for _ in range(2))
     rows = []
-    for i in range(steps + 1):  # the first is a warmup (caches, allocator)
+    for i in range(warmup + steps):  # warmups first: caches, and the heap growing to its size
         t0 = time.perf_counter()
         loss, grads, st = step.loss_and_grads(x, y, loss_scale=1024.0)
         t1 = time.perf_counter()
@@ -75,7 +75,7 @@ def ours_step(cfg, batch, seq, steps):
         t2 = time.perf_counter()
         step.set_weights(w)
         t3 = time.perf_counter()
-        if i:
+        if i >= warmup:
             rows.append({"total": t3 - t0, "grads": t1 - t0, "device": st["t_device"], "cpu": st["t_cpu"],
                          "dw": st["t_dw"], "adamw": t2 - t1, "restage": t3 - t2,
                          "device_flops": st["device_flops"], "cpu_flops": st["cpu_flops"]})
@@ -83,7 +83,7 @@ def ours_step(cfg, batch, seq, steps):
     return min(rows, key=lambda r: r["total"])
 
 
-def torch_step(cfg, batch, seq, steps):
+def torch_step(cfg, batch, seq, steps, warmup):
     from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
 
     d = {k: v for k, v in cfg.to_dict().items() if k not in ("model_type", "architectures")}
@@ -98,7 +98,7 @@ def torch_step(cfg, batch, seq, steps):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return fastest_torch(one, steps)
+    return fastest_torch(one, steps, warmup)
 
 
 # --------------------------------------------------------------- the CPU side, op by op
@@ -150,13 +150,14 @@ def fastest_ours(fn, repeat: int) -> float:
     return min(times)
 
 
-def fastest_torch(fn, repeat: int) -> float:
+def fastest_torch(fn, repeat: int, warmup: int = 1) -> float:
     """Best time of `fn` under torch's default thread pool and under one thread."""
     default = torch.get_num_threads()
     times = []
     for n in sorted({default, 1}):
         torch.set_num_threads(n)
-        fn()  # warm up at this thread count
+        for _ in range(warmup):  # warm up at this thread count
+            fn()
         times.append(best(fn, repeat))
     torch.set_num_threads(default)
     return min(times)
@@ -270,16 +271,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps after one warmup")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps (the best counts)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first, on each side")
     a = ap.parse_args()
     share_blas_between(2)  # as inside the step: device evals and dW each get half the cores
     cfg = make_config(a.layers, a.seq)
     n_params = sum(v.size for v in init_weights(cfg, 0).values())
     print(f"stories110m shape, {a.layers} layers ({n_params / 1e6:.1f}M params), batch {a.batch} x seq {a.seq}, "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads")
-    ours = ours_step(cfg, a.batch, a.seq, a.steps)
-    theirs = torch_step(cfg, a.batch, a.seq, a.steps)
-    print(f"\nwhole training step (best of {a.steps}):")
+    ours = ours_step(cfg, a.batch, a.seq, a.steps, a.warmup)
+    theirs = torch_step(cfg, a.batch, a.seq, a.steps, a.warmup)
+    print(f"\nwhole training step (best of {a.steps}, after {a.warmup} warmup steps each):")
     print(f"  ours (emulator)     {ours['total']:8.3f} s   = loss_and_grads {ours['grads']:.3f} "
           f"+ AdamW {ours['adamw']:.3f} + restage weights {ours['restage']:.3f}")
     print(f"    device evals      {ours['device']:8.3f} s   ({ours['device_flops'] / 1e9:.1f} GFLOP)")
