@@ -46,7 +46,7 @@ class ShadowedSurface(Surface):
         half = self._values()
         if v.size > half.size:
             raise ValueError(f"write of {2 * v.size} bytes at 0 overruns a {self.nbytes}-byte surface")
-        half[: v.size] = v if exact or v.dtype == np.float16 else round_fp16(v)
+        half[: v.size] = v if exact else round_fp16(v)  # (fp16 input: round_fp16 only widens it)
         self._bytes_current = self._pristine = False
 
     def read_half(self, count: int) -> np.ndarray:

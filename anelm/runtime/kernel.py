@@ -45,14 +45,13 @@ def _as_input(spec, array, surface: Surface, exact: bool = False) -> np.ndarray:
         raise ShapeError(f"input '{spec.name}': expected numbers castable to {spec.dtype}, got dtype {a.dtype}")
     if spec.dtype != "fp16":
         return np.ascontiguousarray(a, dtype=storage_dtype(spec.dtype))
-    if exact and a.dtype == surface.host_half:
-        return np.ascontiguousarray(a)
-    return _to_host_half(a, surface.host_half)
+    return _to_host_half(a, surface.host_half, exact)
 
 
-def _to_host_half(a: np.ndarray, host: np.dtype) -> np.ndarray:
-    """fp16 values in the host dtype: float32 ones are rounded onto the fp16 grid here."""
-    if host == np.float32 and a.dtype != np.float16:
+def _to_host_half(a: np.ndarray, host: np.dtype, exact: bool = False) -> np.ndarray:
+    """fp16 values in the host dtype: float32 ones are rounded onto the fp16 grid here, unless
+    `exact` says they are fp16 values already (a float16 host's cast rounds by itself)."""
+    if host == np.float32 and a.dtype != np.float16 and not exact:
         return round_fp16(a)
     with np.errstate(over="ignore"):
         return np.ascontiguousarray(a, dtype=host)
@@ -183,8 +182,8 @@ class Request:
         if a.shape != target.shape and a.shape != tuple(d for d in target.shape if d != 1):
             raise ShapeError(f"input '{name}' columns {columns.start}:{columns.stop}: expected shape "
                              f"{list(target.shape)}, got {list(a.shape)}")
-        if spec.dtype == "fp16" and not (exact and host.dtype == np.float32):
-            a = _to_host_half(a, host.dtype)
+        if spec.dtype == "fp16":
+            a = _to_host_half(a, host.dtype, exact)
         host[..., columns] = a.reshape(target.shape)
         if not live:
             self._dirty.add(name)
