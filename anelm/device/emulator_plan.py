@@ -19,7 +19,7 @@ from ..errors import BlobError, CompileError, ShapeError
 from ..ir.ops import OP_TABLE, full_params, raw_compute
 from ..ir.ops_common import dims
 from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var, storage_dtype
-from .fp16 import round_fp16
+from .fp16 import round_fp16, round_fp16_owned
 from .profile import ChipProfile
 
 Resolver = Callable[[str], bytes]
@@ -31,11 +31,16 @@ def node_name(st: Statement) -> str:
     return st.name or st.results[0][1]
 
 
-def make_rounder(dtype: str, profile: ChipProfile) -> Callable[[Any], Any]:
-    """Round a float32 result to what the hardware stores for `dtype`."""
+def make_rounder(dtype: str, profile: ChipProfile, owned: bool = False) -> Callable[[Any], Any]:
+    """Round a float32 result to what the hardware stores for `dtype`. `owned`: the arrays are
+    fresh op results nobody else holds, rounded in place where possible (an op that hands back
+    an operand hands back fp16 values, which rounding leaves as they are)."""
     if dtype in FLOAT_DTYPES:
         limit = profile.saturate_above
-        base = round_fp16 if profile.compute_dtype == "fp16" else _as_f32
+        if profile.compute_dtype == "fp16":
+            base = round_fp16_owned if owned else round_fp16
+        else:
+            base = _as_f32
         if limit is None:
             return base
 
@@ -243,7 +248,7 @@ class _Builder:
         src = self.plan.types.get(first[0] if isinstance(first, list) else first) if first else None
         if op in MOVEMENT_OPS and src is not None and src.dtype == dtype and dtype in FLOAT_DTYPES:
             return _unchanged
-        return make_rounder(dtype, self.profile)
+        return make_rounder(dtype, self.profile, owned=True)
 
     def check_types(self, st: Statement, node: str, tensors, params) -> None:
         types = {k: [self.plan.types[i] for i in key] if isinstance(key, list) else self.plan.types[key]

@@ -3,13 +3,17 @@
 The ANE stores and computes fp16. The emulator keeps every value as a float32 that is exactly
 an fp16 value, so numpy and BLAS work at float32 speed; `round_fp16` is the one place values
 are brought onto the fp16 grid. numpy's own float16 casts are scalar loops on most x86 builds
-(about 4 ns per element to fp16 and 3 ns back), which made them the emulator's largest cost.
+(about 4 ns per element to fp16 and 3 ns back), and the same rounding written as numpy
+array arithmetic takes eight passes over memory, which cost 3-5 ns per value inside a training
+step, where the dW thread competes for memory bandwidth. Compiled with numba, it is one pass
+that reads each value once and writes it once, in place when the caller owns the array.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 
 F16_MAX = 65504.0
@@ -17,57 +21,73 @@ _EXP = np.uint32(0x7F800000)
 _SIGN = np.uint32(0x80000000)
 _MIN_EXP = np.uint32(113 << 23)  # 2**-14, the smallest normal fp16: below it the grid is fixed
 _SHIFT = np.uint32((13 << 23) | 0x400000)  # 2**13 times the value's binade, times 1.5
-_SMALL = 4096
-_TOP_BINADE = np.uint32(142 << 23)  # 2**15: the only finite binade that can round past 65504
+_MAX = np.float32(F16_MAX)
+_INF = np.float32(np.inf)
 
 
-def round_fp16(a: Any) -> np.ndarray:
-    """float32 -> nearest fp16 value (ties to even), as a new float32 array; overflow gives +-inf.
+@numba.njit(inline="always")
+def _rounded_bits(x: np.float32, bits: np.uint32) -> np.uint32:
+    """The bits of x (whose bits are `bits`) rounded to fp16.
 
-    Same result, bit for bit, as `a.astype(float16).astype(float32)`. Adding then subtracting
-    C = 1.5 * 2**(e + 13), where 2**e is the value's binade (never below 2**-14), leaves the sum
-    in a binade whose float32 ulp is the fp16 ulp at e, so the float32 adder does the rounding,
-    ties to even included (C is an even number of those ulps), and fp16 subnormals come out on
-    their fixed 2**-24 grid. The sign is copied back afterwards so that values rounding to zero
-    keep theirs. inf and NaN pass through the add unchanged; values past the fp16 range become
-    +-inf, checked only when the largest exponent (one max over the exponents) allows it.
+    Adding then subtracting C = 1.5 * 2**(e + 13), where 2**e is the value's binade (never
+    below 2**-14), leaves the sum in a binade whose float32 ulp is the fp16 ulp at e, so the
+    float32 adder does the rounding, ties to even included (C is an even number of those ulps),
+    and fp16 subnormals come out on their fixed 2**-24 grid. The sign is copied back afterwards
+    so that values rounding to zero keep theirs. inf and NaN pass through the add unchanged;
+    values past the fp16 range become +-inf.
+    """
+    c = np.uint32(max(bits & _EXP, _MIN_EXP) + _SHIFT).view(np.float32)
+    y = (x + c) - c
+    if abs(y) > _MAX:
+        y = _INF
+    return np.float32(y).view(np.uint32) | (bits & _SIGN)
+
+
+# Two loops, not one with an aliasing check: LLVM vectorises each only when it can see whether
+# source and destination are the same memory (a runtime overlap falls back to scalar code).
+@numba.njit(nogil=True, cache=True)
+def _round_into(src: np.ndarray, dst: np.ndarray) -> None:
+    bits, out = src.view(np.uint32), dst.view(np.uint32)
+    for i in range(src.size):
+        out[i] = _rounded_bits(src[i], bits[i])
+
+
+@numba.njit(nogil=True, cache=True)
+def _round_in_place(a: np.ndarray) -> None:
+    bits = a.view(np.uint32)
+    for i in range(a.size):
+        bits[i] = _rounded_bits(a[i], bits[i])
+
+
+def round_fp16(a: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 -> nearest fp16 value (ties to even), as float32; overflow gives +-inf.
+
+    Same result, bit for bit, as `a.astype(float16).astype(float32)`. With `out` (a writable
+    C-contiguous float32 array of a's size: `a` itself, or memory `a` does not overlap) the result is written
+    there and `out` is returned; otherwise a new array of a's shape is.
     """
     if getattr(a, "dtype", None) == np.float16:
-        return a.astype(np.float32)  # already fp16 values (inputs, blobs): exact
-    a = np.asarray(a, dtype=np.float32)
-    if a.size <= _SMALL:  # a dozen numpy calls cost more than the cast on a few thousand values
-        with np.errstate(over="ignore"):
-            return a.astype(np.float16).astype(np.float32)
-    a = np.ascontiguousarray(a)  # the exponent work below is done in place, on flat views
-    u = a.view(np.uint32)
-    c = u & _EXP
-    large = c.max() >= _TOP_BINADE  # |x| >= 2**15 somewhere (or inf/NaN): may overflow
-    _at_least_min_exp(c)
-    c += _SHIFT
-    cf = c.view(np.float32)
-    if large:  # (signalling NaNs raise 'invalid' in the add)
-        with np.errstate(invalid="ignore"):
-            y = a + cf
-            y -= cf
-            np.abs(y, out=cf)
-            np.multiply(y, np.float32(np.inf), out=y, where=cf > F16_MAX)  # overflow: +-inf
+        if out is None:
+            return a.astype(np.float32)  # already fp16 values (inputs, blobs): exact
+        out.reshape(-1)[:] = a.reshape(-1)
+        return out
+    src = np.asarray(a, dtype=np.float32)
+    if not src.flags.c_contiguous:
+        src = src.copy()
+    if out is None:
+        out = np.empty(src.shape, np.float32)
+    elif out.size != src.size or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"round_fp16: out must be a C-contiguous float32 array of {src.size} values")
+    if out is src:
+        _round_in_place(out.reshape(-1))
     else:
-        y = a + cf
-        y -= cf
-    np.bitwise_and(u, _SIGN, out=c)  # (np.copysign is a scalar loop: twice the time of these two)
-    yu = y.view(np.uint32)
-    yu |= c
-    return y
+        _round_into(src.reshape(-1), out.reshape(-1))
+    return out
 
 
-_ROW = np.full(4096, _MIN_EXP, np.uint32)
-
-
-def _at_least_min_exp(c: np.ndarray) -> None:
-    """c = max(c, 2**-14's exponent) in place. numpy's maximum against a scalar is a scalar loop;
-    against a row of the constant, broadcast over rows of c, it is vectorised (3x faster)."""
-    flat = c.reshape(-1)
-    body = flat.size - flat.size % _ROW.size
-    rows = flat[:body].reshape(-1, _ROW.size)
-    np.maximum(rows, _ROW, out=rows)
-    np.maximum(flat[body:], _MIN_EXP, out=flat[body:])
+def round_fp16_owned(a: np.ndarray) -> np.ndarray:
+    """Round an array the caller owns (a fresh op result), in place when it can: a writable,
+    C-contiguous float32 array is rounded where it lies; anything else gets a new array."""
+    if isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable:
+        return round_fp16(a, out=a)
+    return round_fp16(a)
