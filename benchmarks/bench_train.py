@@ -36,7 +36,7 @@ from anelm.train.init import init_weights
 from threadpoolctl import threadpool_limits
 
 from anelm.runtime.threads import share_blas_between
-from anelm.train.optim import AdamW, clip_grad_norm_
+from anelm.train.optim import AdamW, update_scale
 from anelm.train.step import DeviceTrainStep
 
 
@@ -68,10 +68,8 @@ def ours_step(cfg, batch, seq, steps, warmup):
         t0 = time.perf_counter()
         loss, grads, st = step.loss_and_grads(x, y, loss_scale=1024.0)
         t1 = time.perf_counter()
-        for g in grads.values():
-            g *= np.float32(1 / 1024)
-        clip_grad_norm_(grads, 1.0)
-        opt.step(grads)
+        _, factor = update_scale(grads, 1024.0, 1, 1.0)  # unscale + clip, as the training loop does
+        opt.step(grads, grad_scale=factor)
         t2 = time.perf_counter()
         step.set_weights(w)
         t3 = time.perf_counter()

@@ -6,7 +6,8 @@ One optimizer step (`Trainer._update`):
         loss, grads ← step.loss_and_grads(x, y, scale)   forward + dx on the device, dW on CPU
         a non-finite loss stops the run (TrainError), the last checkpoint untouched
     any inf/NaN in the grads → skip the update, the scaler halves (logged as skipped)
-    otherwise: grads /= scale·accum, clip to --clip, AdamW at the cosine lr, step.set_weights
+    otherwise: AdamW at the cosine lr on grads/(scale·accum) clipped to --clip (one factor,
+    optim.update_scale), then step.set_weights
 
 then a metrics record, an eval every --eval-every steps, a checkpoint every --save-every.
 Everything that decides a later loss (weights, AdamW moments, scaler, batch RNG, step) is
@@ -33,9 +34,9 @@ from .checkpoint import Checkpoint, latest_checkpoint, save_checkpoint
 from .data import Batcher, eval_batches
 from .errors import CheckpointError, TrainError
 from .metrics import MetricsLog, Progress, plot_loss
-from .optim import AdamW, accumulate_, adamw_flops, clip_grad_norm_, zero_, zeros_like
+from .optim import AdamW, accumulate_, adamw_flops, update_scale, zero_, zeros_like
 from .run import RunSetup
-from .scaler import grads_finite, make_scaler, scaler_from_state, unscale_
+from .scaler import make_scaler, scaler_from_state
 from .schedule import CosineSchedule
 
 StepFactory = Callable[..., object]  # (config, weights, device, *, seq_len, pipeline) -> step
@@ -189,19 +190,17 @@ class Trainer:
 
     def _apply(self, grads: dict, scale: float, lr: float) -> dict:
         """Scaler decision, unscale, clip, AdamW, weights to the device. Returns record extras."""
-        finite = grads_finite(grads)
-        if not self.scaler.update(finite):
+        norm, factor = update_scale(grads, scale, self.a.grad_accum, self.a.clip)
+        if not self.scaler.update(math.isfinite(norm)):
             return {"skipped": True, "grad_norm": None}
-        unscale_(grads, scale, self.a.grad_accum)
-        norm = clip_grad_norm_(grads, self.a.clip) if self.a.clip > 0 else None
         t0 = time.perf_counter()
-        self.opt.step(grads, lr=lr)
+        self.opt.step(grads, lr=lr, grad_scale=factor)  # unscaled and clipped inside the update
         t_opt = time.perf_counter() - t0
         try:
             self.dev.set_weights(self.params)  # restage (dynamic) or recompile (static)
         except CompileBudgetExceeded:
             self.weights_stale = True  # the update stands; a fresh process compiles it
-        return {"skipped": False, "grad_norm": norm, "t_adamw": round(t_opt, 6)}
+        return {"skipped": False, "grad_norm": norm if self.a.clip > 0 else None, "t_adamw": round(t_opt, 6)}
 
     def _eval(self, bar) -> float:
         losses = [self.dev.loss(x, y) for x, y in self.evals]

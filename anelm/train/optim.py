@@ -19,15 +19,29 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
+import numba
 import numpy as np
 
 from ..errors import ShapeError
 from .errors import CheckpointError
 
 F32 = np.float32
-CHUNK = 1 << 16  # elements per AdamW pass (256 KB of float32: two chunks stay in L2)
-# chunks are independent, and numpy releases the GIL inside each pass: one worker per core
+CHUNK = 1 << 16  # elements per AdamW job: a few thousand jobs in all, shared out to the workers
+# chunks are independent, and the compiled update releases the GIL: one worker per core
 WORKERS = max(1, min(8, os.cpu_count() or 1))
+
+
+@numba.njit(nogil=True, cache=True)
+def _adamw_update(p, g, m, v, gs, decay, c1, b2, c2, value, bc2s, eps):  # pragma: no cover - jitted
+    """One pass over 1-D float32 chunks, the float32 operations of the module doc in torch's
+    order (every operand is float32, so every intermediate is rounded to float32 as in torch)."""
+    for i in range(p.size):
+        gi = g[i] * gs
+        mi = m[i] + (gi - m[i]) * c1
+        vi = v[i] * b2 + (gi * c2) * gi
+        m[i] = mi
+        v[i] = vi
+        p[i] = p[i] * decay + (mi * value) / (np.sqrt(vi) / bc2s + eps)
 
 
 def default_no_decay(name: str, shape: tuple[int, ...]) -> bool:
@@ -64,12 +78,11 @@ class AdamW:
         self.t = 0
         self.exp_avg = {n: np.zeros_like(p) for n, p in params.items()}
         self.exp_avg_sq = {n: np.zeros_like(p) for n, p in params.items()}
-        # two scratch chunks per worker, reused for every tensor, so a step allocates nothing
-        self._scratch = [(np.empty(CHUNK, F32), np.empty(CHUNK, F32)) for _ in range(WORKERS)]
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="anelm-adamw") if WORKERS > 1 else None
 
-    def step(self, grads: dict[str, np.ndarray], lr: float | None = None) -> None:
-        """One update with the (already unscaled, clipped) gradients; `lr` overrides `self.lr`."""
+    def step(self, grads: dict[str, np.ndarray], lr: float | None = None, grad_scale: float = 1.0) -> None:
+        """One update with gradients `grad_scale · grads` (`update_scale` gives the factor that
+        unscales and clips in the same pass); `lr` overrides `self.lr`. grads are not modified."""
         if lr is not None:
             self.lr = float(lr)
         for name, p in self.params.items():
@@ -79,44 +92,25 @@ class AdamW:
                 raise ShapeError(f"AdamW: expected gradient {name} of shape {list(p.shape)}, got {got}")
         self.t += 1
         b1, b2 = self.betas
-        bc1 = 1.0 - b1 ** self.t
-        bc2_sqrt = math.sqrt(1.0 - b2 ** self.t)
-        # Chunks of CHUNK elements keep the ~10 passes of one chunk in cache; every chunk's
-        # arithmetic is the same whichever worker runs it, so threading changes no bit.
-        grads = {n: np.ascontiguousarray(grads[n], dtype=F32) for n in self.params}  # flat views below
+        consts = (F32(1.0 - b1), F32(b2), F32(1.0 - b2), F32(-self.lr / (1.0 - b1 ** self.t)),
+                  F32(math.sqrt(1.0 - b2 ** self.t)), F32(self.eps))
+        # every chunk's arithmetic is the same whichever worker runs it: threads change no bit
+        grads = {n: np.ascontiguousarray(grads[n], dtype=F32).reshape(-1) for n in self.params}
         jobs = [(name, lo) for name, p in self.params.items() for lo in range(0, p.size, CHUNK)]
-        parts = [(jobs[i::WORKERS], self._scratch[i], grads, bc1, bc2_sqrt) for i in range(WORKERS)]
+        parts = [(jobs[i::WORKERS], grads, F32(grad_scale), consts) for i in range(WORKERS)]
         if self._pool is None:
             self._update(*parts[0])
         else:
             for f in [self._pool.submit(self._update, *part) for part in parts]:
                 f.result()
 
-    def _update(self, jobs, scratch, grads, bc1, bc2_sqrt) -> None:
-        b1, b2 = self.betas
-        c1, c2 = F32(1.0 - b1), F32(1.0 - b2)
-        value, bc2s, eps = F32(-self.lr / bc1), F32(bc2_sqrt), F32(self.eps)
+    def _update(self, jobs, grads, gs, consts) -> None:
         for name, lo in jobs:
-            wd = self.wd[name]
-            decay = F32(1.0 - self.lr * wd)
-            pc, gc, mc, vc = (a.reshape(-1)[lo:lo + CHUNK] for a in
-                              (self.params[name], grads[name], self.exp_avg[name], self.exp_avg_sq[name]))
-            t1, t2 = scratch[0][:pc.size], scratch[1][:pc.size]
-            if wd:
-                pc *= decay
-            np.subtract(gc, mc, out=t1)         # m.lerp_(g, 1 − β1)
-            t1 *= c1
-            mc += t1
-            vc *= F32(b2)                       # v.mul_(β2).addcmul_(g, g, 1 − β2)
-            np.multiply(gc, c2, out=t1)
-            t1 *= gc
-            vc += t1
-            np.sqrt(vc, out=t1)                 # denom = √v / √bc2 + eps
-            t1 /= bc2s
-            t1 += eps
-            np.multiply(mc, value, out=t2)      # p.addcdiv_(m, denom, −lr/bc1) = p + (value·m)/denom
-            t2 /= t1
-            pc += t2
+            decay = F32(1.0 - self.lr * self.wd[name])  # exactly 1 without decay: p·1 is p
+            hi = lo + CHUNK
+            _adamw_update(self.params[name].reshape(-1)[lo:hi], grads[name][lo:hi],
+                          self.exp_avg[name].reshape(-1)[lo:hi], self.exp_avg_sq[name].reshape(-1)[lo:hi],
+                          gs, decay, *consts)
 
     def state_dict(self) -> tuple[dict[str, np.ndarray], dict]:
         """(tensors `exp_avg.<name>` / `exp_avg_sq.<name>`, JSON-able step + hyperparameters)."""
@@ -165,6 +159,25 @@ def global_grad_norm(grads: dict[str, np.ndarray] | Iterable[np.ndarray]) -> flo
         f = g.reshape(-1)
         total += float(np.dot(f, f))
     return math.sqrt(total)
+
+
+def update_scale(grads: dict[str, np.ndarray], loss_scale: float = 1.0, accum_steps: int = 1,
+                 max_norm: float = 0.0) -> tuple[float, float]:
+    """(norm of the unscaled gradients, the factor for `AdamW.step(grad_scale=)`), from one
+    read of the scaled gradients: unscaling, the finiteness check and clipping in one pass.
+
+    The norm is inf or NaN when any gradient is (the loss scaler then skips the step). The
+    factor is 1/(loss_scale·accum_steps), times torch's clip coefficient when `max_norm` > 0.
+    """
+    unscale = 1.0 / (float(loss_scale) * accum_steps)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = sum(float(np.dot(g.reshape(-1), g.reshape(-1))) for g in grads.values())
+    if not math.isfinite(sq) and all(np.isfinite(g.sum(dtype=np.float64)) for g in grads.values()):
+        # finite values whose float32 squares overflowed: square in float64
+        sq = sum(float(np.dot(f, f)) for f in (g.reshape(-1).astype(np.float64) for g in grads.values()))
+    norm = math.sqrt(sq) * unscale
+    coef = min(float(max_norm) / (norm + 1e-6), 1.0) if max_norm > 0 and math.isfinite(norm) else 1.0
+    return norm, unscale * coef
 
 
 def clip_grad_norm_(grads: dict[str, np.ndarray], max_norm: float) -> float:

@@ -135,6 +135,35 @@ def test_clip_leaves_non_finite_gradients_for_the_scaler():
     assert not np.isfinite(optim.clip_grad_norm_(g, 1.0)) and g["a"][1] == 1.0
 
 
+@pytest.mark.parametrize("loss_scale,accum,max_norm", [(1024.0, 1, 0.5), (4096.0, 3, 1e6), (1000.0, 2, 0.0)])
+def test_update_scale_unscales_and_clips_as_torch(loss_scale, accum, max_norm):
+    # torch: grads / (scale·accum), clip_grad_norm_, AdamW; ours: one factor inside the update
+    scaled = {n: g * np.float32(loss_scale * accum) for n, g in grads_for(3, seed=5).items()}
+    ours, ref = make(), make()
+    tp = {n: torch.tensor(p, requires_grad=True) for n, p in ref.items()}
+    for n, t in tp.items():
+        t.grad = torch.tensor(scaled[n]) / (loss_scale * accum)
+    ref_norm = torch.nn.utils.clip_grad_norm_(list(tp.values()), max_norm or float("inf")).item()
+    torch.optim.AdamW(list(tp.values()), lr=1e-2, weight_decay=0.0).step()
+    before = {n: g.copy() for n, g in scaled.items()}
+    norm, factor = optim.update_scale(scaled, loss_scale, accum, max_norm)
+    optim.AdamW(ours, lr=1e-2, weight_decay=0.0).step(scaled, grad_scale=factor)
+    assert abs(norm - ref_norm) / ref_norm < 1e-6
+    coef = min(max_norm / (ref_norm + 1e-6), 1.0) if max_norm else 1.0  # torch's clip coefficient
+    assert factor == pytest.approx(coef / (loss_scale * accum), rel=1e-6)
+    for n, t in tp.items():
+        assert rel(ours[n], t.detach().numpy()) < TOL
+        assert np.array_equal(scaled[n], before[n])  # the gradients are read, not modified
+
+
+def test_update_scale_reports_non_finite_and_survives_float32_overflow():
+    assert not np.isfinite(optim.update_scale({"a": np.array([np.inf, 1.0], np.float32)})[0])
+    assert np.isnan(optim.update_scale({"a": np.array([np.nan, 1.0], np.float32)})[0])
+    big = {"a": np.full(4, 3e38, np.float32)}  # finite, but its float32 squares overflow
+    norm, factor = optim.update_scale(big, 2.0 ** 20, 1, 1.0)
+    assert norm == pytest.approx(6e38 / 2 ** 20) and factor == pytest.approx(1 / (norm + 1e-6) / 2 ** 20)
+
+
 def test_accumulation_helpers_average_micro_batches():
     params = make()
     acc = optim.zeros_like(params)
