@@ -26,8 +26,8 @@ _INF = np.float32(np.inf)
 
 
 @numba.njit(inline="always")
-def _rounded_bits(x: np.float32, bits: np.uint32) -> np.uint32:
-    """The bits of x (whose bits are `bits`) rounded to fp16.
+def _rounded(x: np.float32) -> np.float32:
+    """x rounded to fp16.
 
     Adding then subtracting C = 1.5 * 2**(e + 13), where 2**e is the value's binade (never
     below 2**-14), leaves the sum in a binade whose float32 ulp is the fp16 ulp at e, so the
@@ -36,27 +36,76 @@ def _rounded_bits(x: np.float32, bits: np.uint32) -> np.uint32:
     so that values rounding to zero keep theirs. inf and NaN pass through the add unchanged;
     values past the fp16 range become +-inf.
     """
+    bits = np.float32(x).view(np.uint32)
     c = np.uint32(max(bits & _EXP, _MIN_EXP) + _SHIFT).view(np.float32)
     y = (x + c) - c
     if abs(y) > _MAX:
         y = _INF
-    return np.float32(y).view(np.uint32) | (bits & _SIGN)
+    return np.uint32(np.float32(y).view(np.uint32) | (bits & _SIGN)).view(np.float32)
 
 
 # Two loops, not one with an aliasing check: LLVM vectorises each only when it can see whether
 # source and destination are the same memory (a runtime overlap falls back to scalar code).
 @numba.njit(nogil=True, cache=True)
 def _round_into(src: np.ndarray, dst: np.ndarray) -> None:
-    bits, out = src.view(np.uint32), dst.view(np.uint32)
     for i in range(src.size):
-        out[i] = _rounded_bits(src[i], bits[i])
+        dst[i] = _rounded(src[i])
 
 
 @numba.njit(nogil=True, cache=True)
 def _round_in_place(a: np.ndarray) -> None:
-    bits = a.view(np.uint32)
     for i in range(a.size):
-        bits[i] = _rounded_bits(a[i], bits[i])
+        a[i] = _rounded(a[i])
+
+
+_TILE = 32  # 32x32 float32 tiles: a source and a destination tile stay in L1
+
+
+@numba.njit(nogil=True, cache=True)
+def _put_rows(src: np.ndarray, dst: np.ndarray, col0: int, rnd: bool) -> None:
+    rows, n = src.shape
+    for r in range(rows):
+        if rnd:
+            for c in range(n):
+                dst[r, col0 + c] = _rounded(src[r, c])
+        else:
+            dst[r, col0:col0 + n] = src[r]
+
+
+@numba.njit(nogil=True, cache=True)
+def _put_transposed(src_t: np.ndarray, dst: np.ndarray, col0: int, rnd: bool) -> None:
+    n, rows = src_t.shape
+    for r0 in range(0, rows, _TILE):
+        r1 = min(r0 + _TILE, rows)
+        for c0 in range(0, n, _TILE):
+            c1 = min(c0 + _TILE, n)
+            if rnd:
+                for r in range(r0, r1):
+                    for c in range(c0, c1):
+                        dst[r, col0 + c] = _rounded(src_t[c, r])
+            else:
+                for r in range(r0, r1):
+                    for c in range(c0, c1):
+                        dst[r, col0 + c] = src_t[c, r]
+
+
+def write_fp16_columns(src: np.ndarray, dst: np.ndarray, col0: int, exact: bool = False) -> None:
+    """dst[:, col0:col0 + n] = src `[rows, n]`, rounded to fp16 unless `exact` says it holds
+    fp16 values already. dst: a C-contiguous float32 `[rows, width]` array.
+
+    How the dynamic pipeline stages weights into columns of a packed input, Wᵀ as often as W:
+    a transposed source (a `.T` view of a contiguous matrix) is read in 32x32 tiles, where
+    numpy's copy through the transposed view costs about 3 ns per value.
+    """
+    rows, n = src.shape
+    if dst.dtype != np.float32 or not dst.flags.c_contiguous or dst.ndim != 2 or dst.shape[0] != rows \
+            or not 0 <= col0 <= dst.shape[1] - n:
+        raise ValueError(f"write_fp16_columns: cannot write {list(src.shape)} at column {col0} of "
+                         f"{list(dst.shape)} {dst.dtype}")
+    if src.dtype == np.float32 and src.T.flags.c_contiguous and not src.flags.c_contiguous:
+        _put_transposed(src.T, dst, col0, not exact)
+    else:
+        _put_rows(np.ascontiguousarray(src, dtype=np.float32), dst, col0, not exact)
 
 
 def round_fp16(a: Any, out: np.ndarray | None = None) -> np.ndarray:

@@ -20,7 +20,7 @@ from collections.abc import Collection
 import numpy as np
 
 from ..device.base import Device, Surface
-from ..device.fp16 import round_fp16
+from ..device.fp16 import round_fp16, write_fp16_columns
 from ..errors import ShapeError
 from ..mil.program import storage_dtype
 from .cache import ProgramCache, program_cache
@@ -182,9 +182,14 @@ class Request:
         if a.shape != target.shape and a.shape != tuple(d for d in target.shape if d != 1):
             raise ShapeError(f"input '{name}' columns {columns.start}:{columns.stop}: expected shape "
                              f"{list(target.shape)}, got {list(a.shape)}")
-        if spec.dtype == "fp16":
-            a = _to_host_half(a, host.dtype, exact)
-        host[..., columns] = a.reshape(target.shape)
+        if spec.dtype == "fp16" and host.dtype == np.float32 and a.ndim == 2 and host.shape[::2] == (1, 1):
+            # float32 values, [1, C, 1, W]: rounded straight into place, tiled when a is a .T view
+            start = columns.indices(host.shape[3])[0]
+            write_fp16_columns(a, host.reshape(host.shape[1], host.shape[3]), start, exact)
+        else:
+            if spec.dtype == "fp16":
+                a = _to_host_half(a, host.dtype, exact)
+            host[..., columns] = a.reshape(target.shape)
         if not live:
             self._dirty.add(name)
 

@@ -91,9 +91,9 @@ class DynamicBank(KernelBank):
         self.set_weights(weights)
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
-        # Each request owns its surfaces, and numpy releases the GIL while it rounds and
-        # transposes: restaging runs one layer per core (the device is idle meanwhile). A layer's
-        # matrices are rounded to fp16 once for both the forward (Wᵀ) and the dx (W) kernels.
+        # Each request owns its surfaces, and the rounding and copies release the GIL:
+        # restaging runs one layer per core (the device is idle meanwhile). A layer's matrices
+        # are rounded to fp16 once for both the forward (Wᵀ) and the dx (W) kernels.
         def stage(layer):
             p = f"model.layers.{layer}."
             rounded = {k: round_fp16(w) for k, w in weights.items() if k.startswith(p) and w.ndim == 2}

@@ -14,8 +14,10 @@ tables and one attention kernel serves every position layout), SwiGLU backward, 
 norm, classifier, loss, embedding, and every dW.
 
 dW = dy·xᵀ runs on one worker thread (numpy's BLAS releases the GIL) while the device
-evaluates the next kernels. The arrays a job reads are never written afterwards (every CPU op
-returns a new array), so handing them over is a snapshot without a copy.
+evaluates the next kernels; once the device chain is done, the main thread takes the newest
+dW jobs not yet started, so both cores finish the queue. The arrays a job reads are never
+written afterwards (every CPU op returns a new array), so handing them over is a snapshot
+without a copy.
 
 fp16 safety: activations crossing from the CPU into a device surface are clamped to ±65504
 (a float32 overflow would otherwise turn into inf on the device). Gradients are not clamped:
@@ -30,13 +32,12 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from ..errors import ShapeError, UsageError
 from ..models.config import LlamaConfig
-from ..runtime.threads import all_blas_threads, share_blas_between
+from ..runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
 from . import cpu_ops as ops
 from .kernels import Dims
 from .kernels_bank import DynamicBank
@@ -87,7 +88,7 @@ class DeviceTrainStep:
         self.w = _check_weights(config, weights)
         bank = DynamicBank if pipeline == "dynamic" else StaticBank
         self.bank = bank(self.dims, device, self.w, self.n_layers)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="anelm-dw")
+        self._pool = WorkQueue("anelm-dw")
         self._blas = share_blas_between(2)  # device evals and dW run BLAS concurrently
         # the forward pass may take every core, but for small matrices (the tiny preset) the
         # extra BLAS threads cost more than they give: measured 41 s vs 37 s for 30 tiny steps
@@ -119,22 +120,25 @@ class DeviceTrainStep:
         t0 = time.perf_counter()
         self._begin(x, y)
         ids, targets = np.asarray(x), np.asarray(y).reshape(-1)
-        jobs: dict[str, Future] = {}
+        jobs: dict[str, Job] = {}
         with np.errstate(all="ignore"):  # inf/NaN under a too-large scale is a result, not an error
             with all_blas_threads() if self._wide else nullcontext():  # no dW job runs beside it
                 xl, caches = self._forward(ids, keep=True)
-            loss, dy, head_grads = self._loss_head(xl, targets, float(loss_scale), jobs)
-            grads = dict(head_grads)
+                loss, dy, grads, (dlog, xf) = self._loss_head(xl, targets, float(loss_scale))
+            self._dw(jobs, "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight",
+                     dlog, xf)
             for i in reversed(range(self.n_layers)):
                 dy = self._layer_bwd(i, dy, caches[i], grads, jobs)
             t_wait = time.perf_counter()
-            grads.update({n: f.result() for n, f in jobs.items()})
+            self._pool.help_until_done(list(jobs.values()))
             t_wait = time.perf_counter() - t_wait
+            grads.update({n: j.result() for n, j in jobs.items()})
+            self._t["dw"] = sum(j.seconds for j in jobs.values())
             self._embed_bwd(dy, ids, grads)
         return loss, grads, self._stats(ids.size, time.perf_counter() - t0 - t_wait)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.close()
         self.bank.close()
         if self._blas is not None:
             self._blas.restore_original_limits()
@@ -192,12 +196,7 @@ class DeviceTrainStep:
 
     def _dw(self, jobs: dict, name: str, dy: np.ndarray, x: np.ndarray) -> None:
         """Queue dW = dy·xᵀ for weight `name` on the worker thread."""
-        def job():
-            t0 = time.perf_counter()
-            g = ops.dw(dy, x)
-            self._t["dw"] += time.perf_counter() - t0  # only the one worker writes this key
-            return g
-        jobs[name] = self._pool.submit(job)
+        jobs[name] = self._pool.submit(lambda: ops.dw(dy, x))
 
     def _w(self, layer: int, name: str) -> np.ndarray:
         return self.w[f"model.layers.{layer}.{name}.weight"]
@@ -233,16 +232,15 @@ class DeviceTrainStep:
         return c["x2"] + self._dev("ffn_down", i, gate=c["gate"])["f"], c
 
     # ------------------------------------------------------------------ loss and head
-    def _loss_head(self, xl: np.ndarray, targets: np.ndarray, scale: float,
-                   jobs: dict) -> tuple[float, np.ndarray, dict]:
-        """Final norm, classifier, loss; returns (loss, dy into the last layer, norm grad)."""
+    def _loss_head(self, xl: np.ndarray, targets: np.ndarray,
+                   scale: float) -> tuple[float, np.ndarray, dict, tuple[np.ndarray, np.ndarray]]:
+        """Final norm, classifier, loss: (loss, dy into the last layer, {norm grad}, (dlogits, xf)
+        for the classifier's dW)."""
         wn, head = self.w["model.norm.weight"], self._head()
         xf, rf = ops.rmsnorm_fwd(xl, wn, self.cfg.rms_norm_eps)
         loss, dlog = ops.cross_entropy(ops.classifier_fwd(head, xf), targets, scale)
-        self._dw(jobs, "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight",
-                 dlog, xf)
         dy, dwn = ops.rmsnorm_bwd(head.T @ dlog, xl, wn, rf)
-        return loss, dy, {"model.norm.weight": dwn}
+        return loss, dy, {"model.norm.weight": dwn}, (dlog, xf)
 
     def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
         """Scatter dy into the embedding grad (added to the classifier's when tied)."""

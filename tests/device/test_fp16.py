@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anelm.device.fp16 import round_fp16
+from anelm.device.fp16 import round_fp16, round_fp16_owned, write_fp16_columns
 
 
 def ieee(x: np.ndarray) -> np.ndarray:
@@ -50,3 +50,37 @@ def test_edges_and_shapes():
     assert same_bits(round_fp16(big), ieee(big))
     h = np.array([1.5, -2.0], np.float16)
     assert round_fp16(h).dtype == np.float32 and list(round_fp16(h)) == [1.5, -2.0]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("exact", [False, True])
+def test_write_fp16_columns_matches_numpy_assignment(transposed, exact):
+    # 70 x 45 crosses the 32x32 tiles unevenly; values span subnormals to overflow
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((45, 70)) * 10.0 ** rng.integers(-9, 6, (45, 70))).astype(np.float32)
+    src = w.T if transposed else w.T.copy()                    # [70, 45] either way
+    src = round_fp16(src) if exact else src
+    dst = rng.standard_normal((70, 100)).astype(np.float32)
+    want = dst.copy()
+    want[:, 30:75] = ieee(src)
+    write_fp16_columns(src, dst, 30, exact=exact)
+    assert same_bits(dst, want)  # columns outside 30:75 untouched, the block rounded
+
+
+def test_write_fp16_columns_rejects_what_does_not_fit():
+    dst = np.zeros((4, 10), np.float32)
+    with pytest.raises(ValueError, match="column 8"):
+        write_fp16_columns(np.ones((4, 3), np.float32), dst, 8)
+    with pytest.raises(ValueError, match="float16"):  # the destination must hold float32 values
+        write_fp16_columns(np.ones((4, 3), np.float32), np.zeros((4, 10), np.float16), 0)
+
+
+def test_round_fp16_in_place_and_into_out():
+    x = np.linspace(-70000, 70000, 9001, dtype=np.float32)
+    want = ieee(x)
+    out = np.empty_like(x)
+    assert round_fp16(x, out=out) is out and same_bits(out, want)
+    assert round_fp16_owned(x) is x and same_bits(x, want)       # a fresh result: rounded in place
+    ro = want.copy()
+    ro.flags.writeable = False
+    assert round_fp16_owned(ro) is not ro                        # not ours to write: a new array
