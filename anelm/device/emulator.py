@@ -61,6 +61,10 @@ class EmulatedModel:
     inputs: list[tuple[str, TensorType]] = field(default_factory=list)  # in binding order
     outputs: list[tuple[str, TensorType]] = field(default_factory=list)
 
+    def const_owners(self) -> set[int]:
+        """ids of the arrays that own the plan's consts' memory."""
+        return {id(_owner(c)) for c in self.plan.consts.values() if isinstance(c, np.ndarray)}
+
 
 class Emulator(Device):
     """A Device that executes MIL in numpy, enforcing the chip profile's behaviours."""
@@ -140,9 +144,16 @@ class Emulator(Device):
                 arrays[name] = read_packed(s, t)
         results = model.plan.run(arrays, exact)
         rounded = self.profile.compute_dtype == "fp16"  # every result is an fp16 value already
+        # A result whose memory is this evaluation's own (not an input's, a const's or another
+        # output's) becomes its output surface's content as it is, without a copy.
+        taken = {id(_owner(a)) for a in arrays.values()} | model.const_owners()
         for (name, t), s in zip(model.outputs, outputs):
             if t.dtype == "fp16" and isinstance(s, ShadowedSurface):
-                s.write_half(results[name], exact=rounded)
+                r, owner = results[name], id(_owner(results[name]))
+                if rounded and owner not in taken and s.adopt_half(r):
+                    taken.add(owner)
+                else:
+                    s.write_half(r, exact=rounded)
             else:
                 write_packed(s, results[name], t)
 
@@ -164,6 +175,13 @@ class Emulator(Device):
                 if s.nbytes < p.min_surface_bytes or s.nbytes < t.nbytes:
                     raise DeviceError(f"{what} surface for '{name}' has {s.nbytes} bytes; expected at least "
                                       f"{max(p.min_surface_bytes, t.nbytes)}", code=BAD_REQUEST)
+
+
+def _owner(a):
+    """The array that owns a's memory (a itself, or the end of its chain of views)."""
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a
 
 
 def read_packed(surface: Surface, t: TensorType) -> np.ndarray:

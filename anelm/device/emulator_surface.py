@@ -24,6 +24,7 @@ class ShadowedSurface(Surface):
         self._half: np.ndarray | None = None  # float32 values of the fp16 words, when current
         self._bytes_current = True
         self._pristine = True  # all zeros, never written
+        self._shared = False  # _half was handed out by share_half: copy it before writing into it
 
     # --- the byte form (what hardware holds) ------------------------------------------------
     def write(self, data, offset: int = 0) -> None:
@@ -43,7 +44,7 @@ class ShadowedSurface(Surface):
     # --- the value form ---------------------------------------------------------------------
     def write_half(self, values: np.ndarray, exact: bool = False) -> None:
         v = np.asarray(values).reshape(-1)
-        half = self._values()
+        half = self._writable_values()
         if v.size > half.size:
             raise ValueError(f"write of {2 * v.size} bytes at 0 overruns a {self.nbytes}-byte surface")
         half[: v.size] = v if exact else round_fp16(v)  # (fp16 input: round_fp16 only widens it)
@@ -51,6 +52,25 @@ class ShadowedSurface(Surface):
 
     def read_half(self, count: int) -> np.ndarray:
         return self.half_view(count).copy()
+
+    def adopt_half(self, values: np.ndarray) -> bool:
+        """Take `values` (a C-contiguous float32 array of fp16 values, as large as the surface,
+        whose memory nobody else holds or writes) as the content, without a copy; False when it
+        does not qualify and nothing was done. How the emulator hands results to output surfaces."""
+        if not (isinstance(values, np.ndarray) and values.dtype == np.float32
+                and values.flags.c_contiguous and values.size == self.nbytes // 2):
+            return False
+        self._half = values.reshape(-1)
+        self._bytes_current = self._pristine = self._shared = False
+        return True
+
+    def share_half(self, count: int) -> np.ndarray:
+        """The first `count` values without a copy: the surface's memory, as a hardware surface
+        mapped on the host is, until the next write into the surface, which first copies its
+        values (or replaces them, as `adopt_half` does), so the array handed out stays as it is."""
+        view = self.half_view(count)
+        self._shared = True
+        return view
 
     def half_view(self, count: int) -> np.ndarray:
         """The first `count` values, live (the emulator reads inputs this way; do not modify)."""
@@ -62,19 +82,27 @@ class ShadowedSurface(Surface):
     def live_half(self, count: int) -> np.ndarray:
         """The first `count` values, live and writable: writes through it are writes to the surface
         (how a request stages weight columns in place). Ask again after any byte-level write."""
-        view = self.half_view(count)
+        half = self._writable_values()
+        if count > half.size:
+            raise ValueError(f"read of {2 * count} bytes at 0 overruns a {self.nbytes}-byte surface")
         self._bytes_current = self._pristine = False
-        return view
+        return half[:count]
 
     def release(self) -> None:
         super().release()
-        self._half, self._bytes_current = None, True
+        self._half, self._bytes_current, self._shared = None, True, False
 
     def _values(self) -> np.ndarray:
         if self._half is None:
             n = self.nbytes // 2
             self._half = np.zeros(n, np.float32) if self._pristine else \
                 self._buf[: 2 * n].view(np.float16).astype(np.float32)
+        return self._half
+
+    def _writable_values(self) -> np.ndarray:
+        half = self._values()
+        if self._shared:  # someone holds the current array: write into a copy
+            self._half, self._shared = half.copy(), False
         return self._half
 
     def _sync_bytes(self) -> None:

@@ -43,3 +43,20 @@ def test_exact_values_skip_rounding_and_overruns_are_refused():
         s.write_half(np.zeros(5, np.float32))
     with pytest.raises(ValueError, match="overruns a 8-byte surface"):
         s.read_half(5)
+
+
+def test_adopted_values_are_the_content_and_shared_arrays_never_change():
+    s = ShadowedSurface(16)
+    v = (rng.standard_normal(8) * 10).astype(np.float16).astype(np.float32)
+    assert s.adopt_half(v) and np.array_equal(s.read(16).view(np.float16), v.astype(np.float16))
+    assert not s.adopt_half(np.zeros(4, np.float32))                  # not the surface's size
+    assert not s.adopt_half(np.zeros((8, 2), np.float32)[:, 0])       # not contiguous
+    held = s.share_half(8)
+    assert np.shares_memory(held, v)                                  # no copy was made
+    s.write_half(np.full(3, 5.0, np.float32))                         # copy-on-write
+    assert np.array_equal(held, v) and list(s.read_half(4)) == [5.0, 5.0, 5.0, v[3]]
+    held = s.share_half(8)
+    s.live_half(8)[0] = -1.0                                          # a staging write: also a copy
+    assert held[0] == 5.0 and s.read(2).view(np.float16)[0] == -1.0
+    held = s.share_half(8)
+    assert s.adopt_half(np.ones(8, np.float32)) and held[0] == -1.0   # the next result replaces it

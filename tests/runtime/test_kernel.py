@@ -149,6 +149,32 @@ def test_float32_outputs_hold_the_fp16_values(device):
         assert np.isinf(got["zd"]).any()
 
 
+def test_float32_outputs_stay_as_returned_and_never_alias_inputs_or_consts():
+    # outputs of a view of an input, of a const, of a reshape of a fresh result, and a real op
+    t = "tensor<fp16, [1, 4, 1, 8]>"
+    body = ['tensor<int32, [4]> sh = const()[name = string("sh"), val = tensor<int32, [4]>([1, 4, 1, 8])];',
+            f'{t} same = reshape(shape = sh, x = a)[name = string("same")];',
+            f'{t} c = const()[name = string("c"), val = {t}([' + ", ".join(["1.5"] * 32) + '])];',
+            f'{t} fresh = add(x = a, y = c)[name = string("fresh")];',
+            f'{t} re = reshape(shape = sh, x = fresh)[name = string("re")];']
+    exact_size = PROFILE.replace(min_surface_bytes=64)  # surfaces as large as the outputs: adoptable
+    art = artifact(f"{t} a", body, "same, c, re", exact_size)
+    emu = Emulator(exact_size)
+    with Kernel(art, emu, cache=ProgramCache(), float32_outputs=True) as k:
+        req = k.request()
+        a1 = rng.standard_normal((1, 4, 1, 8)).astype(np.float16).astype(np.float32)
+        first = req.run(a=a1)
+        kept = {n: v.copy() for n, v in first.items()}
+        first["c"][...] = 0.0  # a caller writing into a result must not reach the program's const
+        req.write("a", np.zeros((4, 4), np.float32), columns=slice(0, 4))  # staging into the input
+        second = req.run(a=-a1)
+        for n in ("same", "re"):
+            assert np.array_equal(first[n], kept[n])  # earlier results are not overwritten
+        want_re = (-a1 + np.float32(1.5)).astype(np.float16).astype(np.float32)
+        assert np.array_equal(second["same"], -a1) and np.array_equal(second["re"], want_re)
+        assert np.array_equal(second["c"], np.full((1, 4, 1, 8), 1.5, np.float32))
+
+
 def test_cache_compiles_once_and_evicts_lru_unpinned():
     cache, dev = ProgramCache(capacity=1), Emulator(PROFILE)
     before = compile_count()
