@@ -182,14 +182,17 @@ class DeviceTrainStep:
     def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
         """Kernel `kind` of `layer` on each sequence; acts and results `[C, B·S]` float32."""
         t0, s = time.perf_counter(), self.dims.s
-        out: dict[str, np.ndarray] = {}
-        for b in range(self._batch):
-            cols = slice(b * s, (b + 1) * s)
-            res = self.bank.run(kind, layer, {n: a[:, cols] for n, a in acts.items()})
-            for n, r in res.items():
-                if n not in out:
-                    out[n] = np.empty((r.shape[0], self._batch * s), F32)
-                out[n][:, cols] = r
+        if self._batch == 1:  # the kernel's results are the batch's: no gathering copy
+            out = self.bank.run(kind, layer, acts)
+        else:
+            out = {}
+            for b in range(self._batch):
+                cols = slice(b * s, (b + 1) * s)
+                res = self.bank.run(kind, layer, {n: a[:, cols] for n, a in acts.items()})
+                for n, r in res.items():
+                    if n not in out:
+                        out[n] = np.empty((r.shape[0], self._batch * s), F32)
+                    out[n][:, cols] = r
         self._flops += self.bank.flops[kind] * self._batch
         self._t["device"] += time.perf_counter() - t0
         return out
