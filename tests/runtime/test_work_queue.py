@@ -9,12 +9,13 @@ from anelm.runtime.threads import WorkQueue
 
 def test_results_errors_and_who_ran_what():
     q = WorkQueue("test-worker")
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
     ran_on: dict[int, str] = {}
 
     def job(i):
         def run():
             if i == 0:
+                started.set()
                 gate.wait(5)  # holds the worker, so jobs 1..4 stay queued
             ran_on[i] = threading.current_thread().name
             if i == 3:
@@ -22,7 +23,9 @@ def test_results_errors_and_who_ran_what():
             return i * i
         return run
 
-    jobs = [q.submit(job(i)) for i in range(5)]
+    jobs = [q.submit(job(0))]
+    assert started.wait(5)  # the worker has job 0 before the others are queued
+    jobs += [q.submit(job(i)) for i in range(1, 5)]
     helper = threading.Timer(0.2, gate.set)  # lets the worker go on while the caller helps
     helper.start()
     q.help_until_done(jobs)
