@@ -54,17 +54,19 @@ def test_edges_and_shapes():
 
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("exact", [False, True])
-def test_write_fp16_columns_matches_numpy_assignment(transposed, exact):
-    # 70 x 45 crosses the 32x32 tiles unevenly; values span subnormals to overflow
+@pytest.mark.parametrize("rows,cols", [(70, 45), (530, 270)])
+def test_write_fp16_columns_matches_numpy_assignment(transposed, exact, rows, cols):
+    # sizes that are not multiples of the 8x8 blocks; 530 rows cross two 256-wide tiles;
+    # values span fp16 subnormals to overflow
     rng = np.random.default_rng(3)
-    w = (rng.standard_normal((45, 70)) * 10.0 ** rng.integers(-9, 6, (45, 70))).astype(np.float32)
-    src = w.T if transposed else w.T.copy()                    # [70, 45] either way
+    w = (rng.standard_normal((cols, rows)) * 10.0 ** rng.integers(-9, 6, (cols, rows))).astype(np.float32)
+    src = w.T if transposed else w.T.copy()                    # [rows, cols] either way
     src = round_fp16(src) if exact else src
-    dst = rng.standard_normal((70, 100)).astype(np.float32)
+    dst = rng.standard_normal((rows, cols + 55)).astype(np.float32)
     want = dst.copy()
-    want[:, 30:75] = ieee(src)
+    want[:, 30:30 + cols] = ieee(src)
     write_fp16_columns(src, dst, 30, exact=exact)
-    assert same_bits(dst, want)  # columns outside 30:75 untouched, the block rounded
+    assert same_bits(dst, want)  # columns outside the block untouched, the block rounded
 
 
 def test_write_fp16_columns_rejects_what_does_not_fit():
