@@ -68,8 +68,9 @@ def _infer_unary(t, p):
 
 def _sigmoid(v):
     # exp(-v) may overflow to inf for very negative v; 1 / (1 + inf) is then the right 0
+    e = np.negative(v)
     with np.errstate(over="ignore"):
-        e = np.exp(-v)
+        np.exp(e, out=e)
     e += np.float32(1)
     return np.reciprocal(e, out=e)
 

@@ -44,9 +44,11 @@ def _infer_softmax(t, p):
 def _softmax(x, p):
     v = x["x"]
     ax = int(p["axis"])
-    # shifting by the max keeps exp finite; the row sum is then >= 1
-    e = np.exp(v - v.max(axis=ax, keepdims=True))
-    return [e / e.sum(axis=ax, keepdims=True)]
+    # shifting by the max keeps exp finite; the row sum is then >= 1. One buffer, in place.
+    e = np.subtract(v, v.max(axis=ax, keepdims=True))
+    np.exp(e, out=e)
+    e /= e.sum(axis=ax, keepdims=True)
+    return [e]
 
 
 define("softmax", ("x",), _infer_softmax, _softmax, params={"axis": -1})
