@@ -14,9 +14,12 @@ on one machine:
     python benchmarks/bench_train.py --layers 2       # a quick run
 
 Threads: our step runs BLAS on two threads at once (main + dW worker), one BLAS thread each
-(`anelm.runtime.threads.share_blas_between`). Torch is timed with its default intra-op pool and with one thread, and
-the faster counts: on a shared 2-core machine its default pool is easily 5x slower when another
-process takes a core, and the comparison should not flatter us. Every figure is a best-of.
+(`anelm.runtime.threads.share_blas_between`). Torch is timed with its default intra-op pool and
+with one thread during warmup, and the faster setting is the one timed: on a shared 2-core
+machine its default pool is easily 5x slower when another process takes a core, and the
+comparison should not flatter us. Whole steps are taken in turns, one of ours then one of
+torch's, and both the best and the median are printed: the machine these figures come from
+drifts by tens of percent within a minute. The op-by-op figures are bests.
 """
 
 from __future__ import annotations
@@ -57,46 +60,74 @@ def make_config(layers: int, seq: int) -> LlamaConfig:
 
 # ------------------------------------------------------------------------- whole steps
 
-def ours_step(cfg, batch, seq, steps, warmup):
-    w = init_weights(cfg, seed=0)
-    step = DeviceTrainStep(cfg, w, Emulator(STRICT), seq_len=seq)
-    opt = AdamW(w, lr=1e-4)
-    rng = np.random.default_rng(0)
-    x, y = (rng.integers(0, cfg.vocab_size, (batch, seq)) for _ in range(2))
-    rows = []
-    for i in range(warmup + steps):  # warmups first: caches, and the heap growing to its size
+class OursStep:
+    """Our training step as the training loop runs it: device step, unscale + clip + AdamW in
+    one pass (`update_scale`), weights restaged to the device."""
+
+    def __init__(self, cfg, batch, seq):
+        self.w = init_weights(cfg, seed=0)
+        self.step = DeviceTrainStep(cfg, self.w, Emulator(STRICT), seq_len=seq)
+        self.opt = AdamW(self.w, lr=1e-4)
+        rng = np.random.default_rng(0)
+        self.x, self.y = (rng.integers(0, cfg.vocab_size, (batch, seq)) for _ in range(2))
+
+    def run(self) -> dict:
         t0 = time.perf_counter()
-        loss, grads, st = step.loss_and_grads(x, y, loss_scale=1024.0)
+        loss, grads, st = self.step.loss_and_grads(self.x, self.y, loss_scale=1024.0)
         t1 = time.perf_counter()
-        _, factor = update_scale(grads, 1024.0, 1, 1.0)  # unscale + clip, as the training loop does
-        opt.step(grads, grad_scale=factor)
+        _, factor = update_scale(grads, 1024.0, 1, 1.0)
+        self.opt.step(grads, grad_scale=factor)
         t2 = time.perf_counter()
-        step.set_weights(w)
+        self.step.set_weights(self.w)
         t3 = time.perf_counter()
-        if i >= warmup:
-            rows.append({"total": t3 - t0, "grads": t1 - t0, "device": st["t_device"], "cpu": st["t_cpu"],
-                         "dw": st["t_dw"], "adamw": t2 - t1, "restage": t3 - t2,
-                         "device_flops": st["device_flops"], "cpu_flops": st["cpu_flops"]})
-    step.close()
-    return min(rows, key=lambda r: r["total"])
+        return {"total": t3 - t0, "grads": t1 - t0, "device": st["t_device"], "cpu": st["t_cpu"],
+                "dw": st["t_dw"], "adamw": t2 - t1, "restage": t3 - t2,
+                "device_flops": st["device_flops"], "cpu_flops": st["cpu_flops"]}
 
 
-def torch_step(cfg, batch, seq, steps, warmup):
-    from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
+class TorchStep:
+    """A float32 LlamaForCausalLM forward + backward + clip + torch.optim.AdamW step."""
 
-    d = {k: v for k, v in cfg.to_dict().items() if k not in ("model_type", "architectures")}
-    model = LlamaForCausalLM(HFConfig(**d, attn_implementation="sdpa")).float()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
-    x, y = (torch.randint(0, cfg.vocab_size, (batch, seq)) for _ in range(2))
+    def __init__(self, cfg, batch, seq):
+        from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
 
-    def one():
-        logits = model(x).logits
-        F.cross_entropy(logits.reshape(-1, cfg.vocab_size), y.reshape(-1)).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        d = {k: v for k, v in cfg.to_dict().items() if k not in ("model_type", "architectures")}
+        self.model = LlamaForCausalLM(HFConfig(**d, attn_implementation="sdpa")).float()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+        self.x, self.y = (torch.randint(0, cfg.vocab_size, (batch, seq)) for _ in range(2))
+        self.vocab = cfg.vocab_size
 
-    return fastest_torch(one, steps, warmup)
+    def run(self) -> float:
+        t0 = time.perf_counter()
+        logits = self.model(self.x).logits
+        F.cross_entropy(logits.reshape(-1, self.vocab), self.y.reshape(-1)).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+
+def whole_steps(cfg, batch, seq, rounds, warmup) -> tuple[list[dict], list[float], int]:
+    """(our step rows, torch step times, torch threads): steps taken in turns, one of ours
+    then one of torch's, so both sides see the same machine (a shared one drifts by tens of
+    percent within a minute). Torch runs at its faster thread setting, chosen during warmup."""
+    ours, theirs = OursStep(cfg, batch, seq), TorchStep(cfg, batch, seq)
+    default = torch.get_num_threads()
+    trial = {}
+    for _ in range(warmup):  # warmups first: caches, and the heap growing to its size
+        ours.run()
+    for n in sorted({default, 1}):
+        torch.set_num_threads(n)
+        trial[n] = min(theirs.run() for _ in range(warmup))
+    threads = min(trial, key=trial.get)
+    torch.set_num_threads(threads)
+    rows, times = [], []
+    for _ in range(rounds):
+        rows.append(ours.run())
+        times.append(theirs.run())
+    ours.step.close()
+    torch.set_num_threads(default)
+    return rows, times, threads
 
 
 # --------------------------------------------------------------- the CPU side, op by op
@@ -269,7 +300,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps (the best counts)")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps on each side")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first, on each side")
     a = ap.parse_args()
     share_blas_between(2)  # as inside the step: device evals and dW each get half the cores
@@ -277,17 +308,19 @@ def main() -> None:
     n_params = sum(v.size for v in init_weights(cfg, 0).values())
     print(f"stories110m shape, {a.layers} layers ({n_params / 1e6:.1f}M params), batch {a.batch} x seq {a.seq}, "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads")
-    ours = ours_step(cfg, a.batch, a.seq, a.steps, a.warmup)
-    theirs = torch_step(cfg, a.batch, a.seq, a.steps, a.warmup)
-    print(f"\nwhole training step (best of {a.steps}, after {a.warmup} warmup steps each):")
+    rows, times, threads = whole_steps(cfg, a.batch, a.seq, a.steps, a.warmup)
+    ours = min(rows, key=lambda r: r["total"])
+    med_ours, med_torch = float(np.median([r["total"] for r in rows])), float(np.median(times))
+    print(f"\nwhole training step ({a.steps} steps each, taken in turns, after {a.warmup} warmup steps each):")
     print(f"  ours (emulator)     {ours['total']:8.3f} s   = loss_and_grads {ours['grads']:.3f} "
-          f"+ AdamW {ours['adamw']:.3f} + restage weights {ours['restage']:.3f}")
+          f"+ AdamW {ours['adamw']:.3f} + restage weights {ours['restage']:.3f}   (best; median {med_ours:.3f})")
     print(f"    device evals      {ours['device']:8.3f} s   ({ours['device_flops'] / 1e9:.1f} GFLOP)")
     print(f"    CPU ops (main)    {ours['cpu']:8.3f} s   (all CPU work incl. dW: {ours['cpu_flops'] / 1e9:.1f} GFLOP)")
-    print(f"    dW (worker, overlapped) {ours['dw']:6.3f} s")
-    print(f"    AdamW             {ours['adamw']:8.3f} s")
-    print(f"  torch fp32 CPU      {theirs:8.3f} s")
-    print(f"  ratio ours / torch  {ours['total'] / theirs:8.2f}x")
+    print(f"    dW (worker; main helps at the end) {ours['dw']:6.3f} s")
+    print(f"    AdamW (+ unscale, clip) {ours['adamw']:6.3f} s")
+    print(f"  torch fp32 CPU      {min(times):8.3f} s   ({threads} thread{'s' if threads > 1 else ''}; "
+          f"median {med_torch:.3f})")
+    print(f"  ratio ours / torch  {ours['total'] / min(times):8.2f}x best, {med_ours / med_torch:.2f}x median")
     n = a.batch * a.seq
     rows = cpu_side(cfg, n, repeat=a.steps)
     print(f"\nCPU side alone, op by op over {n} tokens (best of {a.steps}):")
