@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from .errors import CheckpointError
+from .scaler import grads_finite
 
 F32 = np.float32
 CHUNK = 1 << 16  # elements per AdamW job: a few thousand jobs in all, shared out to the workers
@@ -172,7 +173,7 @@ def update_scale(grads: dict[str, np.ndarray], loss_scale: float = 1.0, accum_st
     unscale = 1.0 / (float(loss_scale) * accum_steps)
     with np.errstate(over="ignore", invalid="ignore"):
         sq = sum(float(np.dot(g.reshape(-1), g.reshape(-1))) for g in grads.values())
-    if not math.isfinite(sq) and all(np.isfinite(g.sum(dtype=np.float64)) for g in grads.values()):
+    if not math.isfinite(sq) and grads_finite(grads):
         # finite values whose float32 squares overflowed: square in float64
         sq = sum(float(np.dot(f, f)) for f in (g.reshape(-1).astype(np.float64) for g in grads.values()))
     norm = math.sqrt(sq) * unscale

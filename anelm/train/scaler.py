@@ -1,7 +1,8 @@
 """Loss scaling, so fp16 gradients on the device neither underflow nor overflow.
 
 The scale multiplies dlogits once (`cpu_ops.cross_entropy(..., scale=)`); every gradient read
-back is then `scale` times too large and is divided by `scale · accum_steps` before AdamW.
+back is then `scale` times too large; `optim.update_scale` folds 1/(scale · accum_steps) into
+the factor AdamW multiplies the gradients by.
 
 `DynamicLossScaler` (none of the reference systems has one): a step whose gradients hold any
 inf/NaN is skipped and the scale halves (floor 1); after `growth_interval` clean steps in a
@@ -29,13 +30,6 @@ def grads_finite(grads: dict[str, np.ndarray]) -> bool:
     makes it non-finite (inf − inf is NaN), so no boolean temporaries are needed.
     """
     return all(np.isfinite(g.sum(dtype=np.float64)) for g in grads.values())
-
-
-def unscale_(grads: dict[str, np.ndarray], scale: float, accum_steps: int = 1) -> None:
-    """Divide gradients in place by `scale · accum_steps` (the mean over micro-batches)."""
-    f = np.float32(1.0 / (float(scale) * accum_steps))
-    for g in grads.values():
-        g *= f
 
 
 class FixedLossScaler:
