@@ -1,7 +1,8 @@
 """`anelm chat`: a conversation with a model, one user line at a time from stdin.
 
 The prompt is the tokenizer's chat template when it has one (and jinja2 is installed), else
-plain `User:` / `Assistant:` lines. Replies stream to stdout; the `> ` prompt and notices go
+plain `User:` / `Assistant:` lines. One KV cache carries the conversation: each turn runs only
+the tokens that follow what it already holds. Replies stream to stdout; the `> ` prompt and notices go
 to stderr, so stdout holds only what the model said.
 """
 
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         opts["stop"].append(PLAIN_STOP)  # the model would go on to write the user's turn
     notice(f"chat ({tok.chat_format()} format); end with Ctrl-D")
     messages = [{"role": "system", "content": args.system}] if args.system else []
+    cache, held = runner.new_cache(), []  # the conversation so far, whose keys and values are cached
     while True:
         print("> ", end="", file=sys.stderr, flush=True)
         line = sys.stdin.readline()
@@ -37,11 +39,27 @@ def run(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line.strip()})
-        res = generate(runner, tok, tok.apply_chat_template(messages), on_text=reply_stream(), **opts)
+        prompt = tok.apply_chat_template(messages)
+        # each turn runs only what the cache does not hold: the template re-renders the whole
+        # conversation, and the reply's text may tokenize differently from the ids generated
+        cache.length = reusable(held, prompt)
+        res = generate(runner, tok, prompt, on_text=reply_stream(), cache=cache, **opts)
+        held = (list(prompt) + res.ids)[:cache.length]
         stream("\n")
         messages.append({"role": "assistant", "content": res.text.strip()})
     print(file=sys.stderr)
     return 0
+
+
+def reusable(held: list[int], prompt: list[int]) -> int:
+    """How many leading positions of the cache serve the new prompt: the common prefix of the
+    ids it holds and the prompt, short of the prompt's last token (which must run for logits)."""
+    n = 0
+    for a, b in zip(held, prompt[:-1]):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def reply_stream():

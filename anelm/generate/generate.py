@@ -29,10 +29,16 @@ def generate_step(runner: Runner, prompt_ids: Sequence[int], sampler: Sampler = 
     """Prefill the prompt, then yield (token, logprobs [V]) forever, or until the context is full.
 
     The next token is decoded only when the consumer asks for it, so stopping costs nothing.
+    A `cache` that already holds the first `cache.length` prompt tokens (an earlier turn of a
+    conversation) is continued: only the rest of the prompt is run.
     """
     cache = runner.new_cache() if cache is None else cache
-    check_prompt(len(prompt_ids), cache.capacity, cache.length)
-    logits = runner.prefill(list(prompt_ids), cache, last_only=True)[-1]
+    done = cache.length
+    if done and done >= len(prompt_ids):
+        raise InputError(f"the cache holds {done} positions; expected fewer than the prompt's "
+                         f"{len(prompt_ids)} tokens, so that its last token runs")
+    check_prompt(len(prompt_ids) - done, cache.capacity, done)
+    logits = runner.prefill(list(prompt_ids[done:]), cache, last_only=True)[-1]
     tokens = list(prompt_ids)
     while True:
         for process in logits_processors:
@@ -84,9 +90,10 @@ class GenerationResult:
 def generate(runner: Runner, tokenizer: Any, prompt_ids: Sequence[int], *, max_tokens: int = 128,
              sampler: Sampler = greedy, logits_processors: Sequence[LogitsProcessor] = (),
              stop: Sequence[str] = (), eos_ids: Sequence[int] | None = None,
-             on_text: Callable[[str], None] | None = None) -> GenerationResult:
+             on_text: Callable[[str], None] | None = None, cache: Cache | None = None) -> GenerationResult:
     """Generate up to `max_tokens` tokens; stop at EOS (the model's and the tokenizer's) or at
-    any of the `stop` strings. `on_text` receives the text as it is produced."""
+    any of the `stop` strings. `on_text` receives the text as it is produced. `cache`: see
+    `generate_step`; afterwards it holds the first `cache.length` of prompt + generated ids."""
     check_sampling(max_tokens=max_tokens)
     eos = set(runner.config.eos_ids if eos_ids is None else eos_ids)
     if eos_ids is None and getattr(tokenizer, "eos_id", None) is not None:
@@ -97,7 +104,7 @@ def generate(runner: Runner, tokenizer: Any, prompt_ids: Sequence[int], *, max_t
         return out.result(list(prompt_ids), 0.0, 0.0, "length")
     t0 = time.perf_counter()
     times, reason = [], "context"
-    for token, _ in generate_step(runner, prompt_ids, sampler, logits_processors):
+    for token, _ in generate_step(runner, prompt_ids, sampler, logits_processors, cache):
         times.append(time.perf_counter())
         if token in eos:
             reason = "eos"

@@ -117,6 +117,13 @@ def test_chat_uses_the_template_and_streams_replies(model_dir, capsys, monkeypat
     template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"  # words only: ids are the words
     (chat_dir / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "</s>"}))
     monkeypatch.setattr(sys, "stdin", io.StringIO("w5 w6\n\nw7\n"))
+    from anelm.generate.pipeline import DeviceRunner
+
+    ran = []  # (position, tokens) of every prefill; decode runs one token at a time
+    prefill = DeviceRunner.prefill
+    monkeypatch.setattr(DeviceRunner, "prefill",
+                        lambda self, ids, cache, **kw: ran.append((cache.length, list(ids))) or
+                        prefill(self, ids, cache, **kw))
     rc, out, err = cli(capsys, "chat", "--model", str(chat_dir), "--temperature", "0", "--max-tokens", "4")
     first = hf_greedy(hf, [5, 6], 4)
     second_prompt = [5, 6] + first + [7]
@@ -125,6 +132,9 @@ def test_chat_uses_the_template_and_streams_replies(model_dir, capsys, monkeypat
     assert lines[0] == " ".join(WORDS[i] for i in first)
     assert lines[1] == " ".join(WORDS[i] for i in hf_greedy(hf, second_prompt, 4))
     assert "template format" in err
+    # the second turn continues the cache: the reply's last token (never decoded) and the new
+    # line run, at the position after what the first turn left in the cache
+    assert ran == [(0, [5, 6]), (len(second_prompt) - 2, second_prompt[-2:])]
 
 
 @pytest.mark.parametrize("argv, code, message", [

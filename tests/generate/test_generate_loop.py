@@ -137,3 +137,20 @@ def test_sentencepiece_stream_keeps_the_leading_space():
     assert TextStream(tok, prompt).text(new) == " there was a café"
     res = generate(ScriptRunner(new + [2] * 5, vocab=32000), tok, prompt)
     assert res.text == " there was a café" and res.finish_reason == "eos"
+
+
+def test_a_cache_holding_the_prompts_start_is_continued():
+    runner = ScriptRunner([10, 11, 12], capacity=20)
+    cache = runner.new_cache()
+    cache.length = 5  # an earlier turn left the first 5 prompt tokens in the cache
+    prefilled = []
+    prefill = runner.prefill
+    runner.prefill = lambda ids, c, last_only=False: prefilled.append(list(ids)) or prefill(ids, c, last_only)
+    steps = generate_step(runner, list(range(8)), cache=cache)
+    assert next(steps)[0] == 10 and prefilled == [[5, 6, 7]] and cache.length == 8
+    held = runner.new_cache()
+    held.length = 8
+    with pytest.raises(InputError, match="the cache holds 8 positions; expected fewer than the prompt's 8"):
+        next(generate_step(runner, list(range(8)), cache=held))
+    with pytest.raises(ContextError, match="the prompt is 21 tokens"):
+        next(generate_step(runner, list(range(21)), cache=cache))
