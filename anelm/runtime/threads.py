@@ -56,8 +56,11 @@ class Job:
         self.seconds = time.perf_counter() - t0
         self._done.set()
 
-    def result(self) -> Any:
+    def wait(self) -> None:
         self._done.wait()
+
+    def result(self) -> Any:
+        self.wait()
         if self._error is not None:
             raise self._error
         return self._value
@@ -96,7 +99,7 @@ class WorkQueue:
                 job = self._jobs.pop()
             job.run()
         for job in jobs:
-            job._done.wait()
+            job.wait()
 
     def close(self) -> None:
         with self._cond:
