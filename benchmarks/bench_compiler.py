@@ -22,15 +22,7 @@ from anelm.ir.builder import GraphBuilder
 from anelm.kernels.blocks import decoder_layer, random_layer
 from anelm.models.config import LlamaConfig
 from anelm.runtime.kernel import Kernel
-
-
-def best_of(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+from timing import best_of  # benchmarks/timing.py, beside this script
 
 
 def bench_compile(layers: int, dim: int, heads: int, hidden: int, seq: int) -> None:

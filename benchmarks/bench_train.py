@@ -41,15 +41,7 @@ from threadpoolctl import threadpool_limits
 from anelm.runtime.threads import share_blas_between
 from anelm.train.optim import AdamW, update_scale
 from anelm.train.step import DeviceTrainStep
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+from timing import best_of  # benchmarks/timing.py, beside this script
 
 
 def make_config(layers: int, seq: int) -> LlamaConfig:
@@ -175,7 +167,7 @@ def fastest_ours(fn, repeat: int) -> float:
     for n in sorted({1, os.cpu_count() or 1}):
         with threadpool_limits(limits=n, user_api="blas"):
             fn()
-            times.append(best(fn, repeat))
+            times.append(best_of(fn, repeat))
     return min(times)
 
 
@@ -187,7 +179,7 @@ def fastest_torch(fn, repeat: int, warmup: int = 1) -> float:
         torch.set_num_threads(n)
         for _ in range(warmup):  # warm up at this thread count
             fn()
-        times.append(best(fn, repeat))
+        times.append(best_of(fn, repeat))
     torch.set_num_threads(default)
     return min(times)
 
