@@ -16,21 +16,15 @@ torch = hf_tiny.torch
 
 from anelm.cli.main import main  # noqa: E402
 
-WORDS = ["[UNK]", "<s>", "</s>"] + [f"w{i}" for i in range(3, 96)]  # id i is word "w{i}"
+WORDS = hf_tiny.WORDS  # id i is word "w{i}"
 KEYS = {"prompt_ids", "ids", "text", "prefill_ms", "decode_tokens_per_s", "device"}
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny HF Llama (GQA) with a word-level tokenizer.json whose ids are the model's."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     d = tmp_path_factory.mktemp("cli") / "llama"
-    hf = hf_tiny.make_hf("llama-gqa", d, seed=21)
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(d / "tokenizer.json"))
-    return d, hf
+    return d, hf_tiny.make_word_model(d)
 
 
 def hf_greedy(hf, prompt_ids, n):

@@ -166,15 +166,8 @@ def test_make_runner_builds_the_device_pipeline(models, device):
 @pytest.fixture
 def cli_model(tmp_path):
     """A tiny Llama GQA with a word-level tokenizer.json whose ids are the model's."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = ["[UNK]", "<s>", "</s>"] + [f"w{i}" for i in range(3, 96)]
     d = tmp_path / "llama"
-    hf = hf_tiny.make_hf("llama-gqa", d, seed=21)
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(d / "tokenizer.json"))
-    return d, hf
+    return d, hf_tiny.make_word_model(d)
 
 
 def test_cli_generate_on_the_emulator(cli_model, capsys, fresh_compile_count):

@@ -60,6 +60,21 @@ def make_hf(kind: str, folder: Path, seed: int = 0):
     return model
 
 
+WORDS = ["[UNK]", "<s>", "</s>"] + [f"w{i}" for i in range(3, 96)]  # id i is word "w{i}"
+
+
+def make_word_model(folder: Path, seed: int = 21):
+    """A tiny HF Llama (GQA) in `folder` with a word-level tokenizer.json whose ids are the
+    model's (`WORDS`); returns the HF model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    hf = make_hf("llama-gqa", folder, seed=seed)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    return hf
+
+
 def hf_logits(model, ids) -> np.ndarray:
     with torch.no_grad():
         return model(torch.tensor([list(ids)])).logits[0].numpy()
