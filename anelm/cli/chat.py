@@ -2,8 +2,8 @@
 
 The prompt is the tokenizer's chat template when it has one (and jinja2 is installed), else
 plain `User:` / `Assistant:` lines. One KV cache carries the conversation: each turn runs only
-the tokens that follow what it already holds. Replies stream to stdout; the `> ` prompt and notices go
-to stderr, so stdout holds only what the model said.
+the tokens that follow what it already holds. Replies stream to stdout; the `> ` prompt and
+notices go to stderr, so stdout holds only what the model said.
 """
 
 from __future__ import annotations

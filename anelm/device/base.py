@@ -96,6 +96,11 @@ class Surface:
         """The first `count` fp16 values, as a new float32 array."""
         return self.read(2 * count).view(np.float16).astype(np.float32)
 
+    def share_half(self, count: int) -> np.ndarray:
+        """The first `count` fp16 values as float32, for a caller that only reads them: here a
+        new array; a surface that already holds float32 values may hand them out uncopied."""
+        return self.read_half(count)
+
     def release(self) -> None:
         self._buf = np.zeros(0, dtype=np.uint8)
         self.nbytes = 0

@@ -113,8 +113,8 @@ def round_fp16(a: Any, out: np.ndarray | None = None) -> np.ndarray:
     """float32 -> nearest fp16 value (ties to even), as float32; overflow gives +-inf.
 
     Same result, bit for bit, as `a.astype(float16).astype(float32)`. With `out` (a writable
-    C-contiguous float32 array of a's size: `a` itself, or memory `a` does not overlap) the result is written
-    there and `out` is returned; otherwise a new array of a's shape is.
+    C-contiguous float32 array of a's size: `a` itself, or memory `a` does not overlap) the
+    result is written there and `out` is returned; otherwise a new array of a's shape is.
     """
     if getattr(a, "dtype", None) == np.float16:
         if out is None:

@@ -156,9 +156,10 @@ def global_grad_norm(grads: dict[str, np.ndarray] | Iterable[np.ndarray]) -> flo
     """√(Σ‖g‖²) over all gradients (float32 dot products, summed in float64)."""
     arrays = grads.values() if isinstance(grads, dict) else grads
     total = 0.0
-    for g in arrays:
-        f = g.reshape(-1)
-        total += float(np.dot(f, f))
+    with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN gradients give an inf/NaN norm
+        for g in arrays:
+            f = g.reshape(-1)
+            total += float(np.dot(f, f))
     return math.sqrt(total)
 
 
@@ -171,12 +172,11 @@ def update_scale(grads: dict[str, np.ndarray], loss_scale: float = 1.0, accum_st
     factor is 1/(loss_scale·accum_steps), times torch's clip coefficient when `max_norm` > 0.
     """
     unscale = 1.0 / (float(loss_scale) * accum_steps)
-    with np.errstate(over="ignore", invalid="ignore"):
-        sq = sum(float(np.dot(g.reshape(-1), g.reshape(-1))) for g in grads.values())
-    if not math.isfinite(sq) and grads_finite(grads):
+    raw = global_grad_norm(grads)
+    if not math.isfinite(raw) and grads_finite(grads):
         # finite values whose float32 squares overflowed: square in float64
-        sq = sum(float(np.dot(f, f)) for f in (g.reshape(-1).astype(np.float64) for g in grads.values()))
-    norm = math.sqrt(sq) * unscale
+        raw = global_grad_norm(g.astype(np.float64) for g in grads.values())
+    norm = raw * unscale
     coef = min(float(max_norm) / (norm + 1e-6), 1.0) if max_norm > 0 and math.isfinite(norm) else 1.0
     return norm, unscale * coef
 
