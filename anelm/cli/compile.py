@@ -23,7 +23,8 @@ from .common import positive_int
 def add_args(p):
     p.add_argument("--kind", choices=["layer", "train"], default="layer",
                    help="decoder layers (inference) or the dynamic training kernels")
-    p.add_argument("--arch", choices=["llama", "qwen3", "gpt2"], default="llama")
+    p.add_argument("--arch", choices=["llama", "qwen3", "gpt2"], default="llama",
+                   help="architecture of the layers (default llama)")
     p.add_argument("--dim", type=positive_int, default=256, help="hidden size (default 256)")
     p.add_argument("--heads", type=positive_int, default=4, help="query heads (default 4)")
     p.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (default: --heads)")
@@ -31,7 +32,7 @@ def add_args(p):
     p.add_argument("--hidden", type=positive_int, default=None, help="MLP size (default: 4·dim for gpt2, 8/3·dim else)")
     p.add_argument("--seq", type=positive_int, default=64, help="sequence length (default 64)")
     p.add_argument("--layers", type=positive_int, default=1, help="how many layers (default 1)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     p.add_argument("--profile", default=None, metavar="PATH", help="chip profile the kernels must obey")
     p.add_argument("--out", default="kernels", help="output folder (default ./kernels)")
 

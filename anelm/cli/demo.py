@@ -17,11 +17,11 @@ TOLERANCE = 2e-2  # CONTRACTS §6, a transformer block
 
 
 def add_args(p):
-    p.add_argument("--dim", type=positive_int, default=256)
-    p.add_argument("--heads", type=positive_int, default=8)
-    p.add_argument("--kv-heads", type=positive_int, default=4)
-    p.add_argument("--seq", type=positive_int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dim", type=positive_int, default=256, help="hidden size of the layer (default 256)")
+    p.add_argument("--heads", type=positive_int, default=8, help="query heads (default 8)")
+    p.add_argument("--kv-heads", type=positive_int, default=4, help="KV heads, dividing --heads (default 4)")
+    p.add_argument("--seq", type=positive_int, default=64, help="sequence length (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and input (default 0)")
     add_device_args(p)
 
 

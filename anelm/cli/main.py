@@ -1,7 +1,8 @@
 """`anelm <subcommand>`: each subcommand is a module here with `add_args(p)` and `run(args) -> int`.
 
 Bad input is one line on stderr, `anelm: error: ...`, exit 2 for usage and 1 otherwise;
-`ANELM_DEBUG=1` shows the traceback instead.
+`ANELM_DEBUG=1` shows the traceback instead. Python warnings that anelm raises print as
+`anelm: warning: ...`, like every other notice.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
+from pathlib import Path
 
 from ..errors import AnelmError, UsageError
 
@@ -30,7 +33,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors in the project's one-line form (exit 2)."""
 
     def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message}")
+        # "anelm: error: " already names the program; a subcommand adds only its own name
+        command = self.prog.removeprefix("anelm").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "command", None) is None:
@@ -74,6 +85,18 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (OSError, ValueError, MemoryError) as e:
         return _fail(e, 1)
+
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+_show_other_warning = warnings.showwarning  # third-party warnings keep Python's own format
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning raised in anelm's code is one notice line; others print as Python prints them."""
+    if not Path(filename).resolve().is_relative_to(PACKAGE_DIR):
+        return _show_other_warning(message, category, filename, lineno, file, line)
+    text = str(message).splitlines()[0] if str(message) else category.__name__
+    print(f"anelm: warning: {text}", file=sys.stderr if file is None else file, flush=True)
 
 
 def _fail(e: BaseException, code: int) -> int:
