@@ -27,6 +27,9 @@ ROPE_TYPES = {
 class BaseConfig:
     model_type: ClassVar[str] = ""
     architecture: ClassVar[str] = ""
+    # the keys that fix the weights' shapes: a model's config.json must state them, since a
+    # default (a 7B Llama's sizes) would only surface later as weights that do not match
+    shape_keys: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BaseConfig":
@@ -65,6 +68,8 @@ class BaseConfig:
 class LlamaConfig(BaseConfig):
     model_type: ClassVar[str] = "llama"
     architecture: ClassVar[str] = "LlamaForCausalLM"
+    shape_keys: ClassVar[tuple[str, ...]] = ("vocab_size", "hidden_size", "intermediate_size",
+                                             "num_hidden_layers", "num_attention_heads")
     vocab_size: int = 32000
     hidden_size: int = 4096
     intermediate_size: int = 11008
@@ -161,6 +166,7 @@ class Qwen3Config(LlamaConfig):
 class GPT2Config(BaseConfig):
     model_type: ClassVar[str] = "gpt2"
     architecture: ClassVar[str] = "GPT2LMHeadModel"
+    shape_keys: ClassVar[tuple[str, ...]] = ("vocab_size", "n_embd", "n_layer", "n_head")
     vocab_size: int = 50257
     n_positions: int = 1024
     n_embd: int = 768
@@ -209,9 +215,15 @@ def config_class(model_type: Any, source: str = "config") -> type:
     return CONFIGS[model_type]
 
 
-def config_from_dict(d: dict[str, Any], source: str = "config") -> ModelConfig:
-    """The config for `d["model_type"]`; unknown keys (training args, HF extras) are ignored."""
+def config_from_dict(d: dict[str, Any], source: str = "config", complete: bool = False) -> ModelConfig:
+    """The config for `d["model_type"]`; unknown keys (training args, HF extras) are ignored.
+    `complete`: `d` is a model's own config.json, so it must state every one of `shape_keys`."""
     if not isinstance(d, dict):
         raise ConfigError(f"{source}: expected a JSON object, got {type(d).__name__}")
-    return config_class(d.get("model_type"), source).from_dict(d)
+    cls = config_class(d.get("model_type"), source)
+    missing = [k for k in cls.shape_keys if k not in d] if complete else []
+    if missing:
+        raise ConfigError(f"{source}: {cls.model_type} config is missing {', '.join(missing)}; "
+                          f"expected every one of {', '.join(cls.shape_keys)}")
+    return cls.from_dict(d)
 

@@ -72,7 +72,7 @@ def read_config(folder: Path) -> ModelConfig:
         d = json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise LoadError(f"{f}: not valid JSON ({e})") from None
-    return config_from_dict(d, str(f))
+    return config_from_dict(d, str(f), complete=True)
 
 
 def latest_checkpoint(run: Path) -> Path | None:

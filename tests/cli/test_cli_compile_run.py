@@ -152,3 +152,19 @@ def test_demo_and_module_entry_point_agree():
 def test_abbreviated_options_are_unknown(capsys):
     code, _, err = cli(capsys, "compile", "--dim", "64", "--hid", "128")
     assert code == 2 and "--hid" in err and err.startswith("anelm: error: ")
+
+
+def test_readme_run_mil_recipe_builds_inputs_from_the_signature(tmp_path, capsys, monkeypatch):
+    """The README's run-mil example says where the input names and shapes come from, and its
+    recipe for in.npz works on a folder `anelm compile` wrote."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    recipe = next(block.split("\n", 1)[1] for block in readme.split("```sh")[1:]
+                  if "signature.json" in block.split("```")[0] and "np.savez" in block)
+    recipe = recipe.split("```")[0].strip()
+    assert recipe.startswith('python -c "') and recipe.endswith('"')
+    monkeypatch.chdir(tmp_path)
+    assert cli(capsys, "compile", "--dim", "32", "--heads", "2", "--seq", "16", "--out", "kernels")[0] == 0
+    exec(recipe[len('python -c "'):-1], {})  # the one-liner, as python -c runs it
+    code, _, err = cli(capsys, "run-mil", "kernels/layer00", "--inputs", "in.npz", "--out", "out.npz")
+    assert code == 0, err
+    assert np.load("out.npz")["y"].shape == (1, 32, 1, 16)

@@ -136,6 +136,8 @@ def test_chat_uses_the_template_and_streams_replies(model_dir, capsys, monkeypat
     (["--model", "EMPTY"], 1, "no config.json in"),
     (["--model", "NOWEIGHTS"], 1, "no weights in"),
     (["--model", "BERT"], 1, "unsupported model_type 'bert'"),
+    (["--model", "LLAMAONLY"], 1, "llama config is missing vocab_size, hidden_size, intermediate_size, "
+                                  "num_hidden_layers, num_attention_heads; expected every one of"),
     (["--prompt", " ".join(["w5"] * 70)], 1, "the prompt is 70 tokens, longer than the model's context of 64"),
     (["--temperature", "-1"], 2, "temperature must be >= 0"),
     (["--top-p", "0"], 2, r"top-p must be in \(0, 1\]"),
@@ -158,7 +160,9 @@ def test_bad_input_is_one_line_error(model_dir, capsys, tmp_path, argv, code, me
     shutil.copy(d / "config.json", tmp_path / "NOWEIGHTS" / "config.json")
     (tmp_path / "BERT").mkdir()
     (tmp_path / "BERT" / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    argv = [str(tmp_path / a) if a in ("EMPTY", "NOWEIGHTS", "BERT") else a for a in argv]
+    (tmp_path / "LLAMAONLY").mkdir()  # no weights either: the config is what to report
+    (tmp_path / "LLAMAONLY" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    argv = [str(tmp_path / a) if a in ("EMPTY", "NOWEIGHTS", "BERT", "LLAMAONLY") else a for a in argv]
     if "--model" not in argv:
         argv = ["--model", str(d)] + argv
     rc, out, err = cli(capsys, "generate", *argv)
