@@ -9,6 +9,7 @@ a profile in this schema.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -46,6 +47,9 @@ class ChipProfile:
     single_chunk_blobs_only: bool = False  # M1: multi-chunk blob files fail
     spatial_multiple_of: int = 1  # rustane: last dim must be a multiple of 16
     saturate_above: float | None = None  # A13/A14 Q.4x16 activations saturate at |x| > 4094
+    # --- the fp16 matmul/conv accumulator (CONTRACTS §2.9); read by the emulator, not yet here ---
+    accumulator_limit: float | None = None  # a result whose magnitude reaches it is ±inf
+    accumulator: str = "fp32"  # its precision: "fp32" or "q15.16"
     notes: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -67,10 +71,69 @@ class ChipProfile:
         unknown = sorted(set(d) - set(known))
         if unknown:
             raise AnelmError(f"{source}: unknown chip-profile key(s) {unknown}; expected some of {sorted(known)}")
+        for name, value in d.items():
+            expected = FIELD_CHECKS[name](value)
+            if expected:
+                raise AnelmError(f"{source}: chip-profile field '{name}' must be {expected}, got {_shown(value)}")
         d = dict(d)
         if "rejected_ops" in d:
             d["rejected_ops"] = tuple(d["rejected_ops"])
         return cls(**d)
+
+
+# --- validation: one check per field, each returning what was expected when a value is wrong ---
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # JSON true is no count
+
+
+def _int_at_least(low: int):
+    return lambda v: None if _is_int(v) and v >= low else f"an integer >= {low}"
+
+
+def _positive_or_null(v):
+    ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
+    return None if ok else "a positive number or null"
+
+
+def _one_of(*allowed: str):
+    return lambda v: None if isinstance(v, str) and v in allowed else "one of " + ", ".join(map(json.dumps, allowed))
+
+
+def _op_names(v):
+    from ..ir.ops import OP_TABLE  # the emulator's op table: the ops a profile can name
+
+    if not isinstance(v, (list, tuple)) or not all(isinstance(o, str) for o in v):
+        return "a list of op names"
+    unknown = [o for o in v if o not in OP_TABLE]
+    return f"a list of known op names ({', '.join(map(repr, unknown))} not in {sorted(OP_TABLE)})" if unknown else None
+
+
+def _of_type(kind: type, what: str):
+    return lambda v: None if isinstance(v, kind) else what
+
+
+FIELD_CHECKS = {
+    "name": _of_type(str, "a string"),
+    "rejected_ops": _op_names,
+    "min_surface_bytes": _int_at_least(0),
+    "compile_budget": _int_at_least(1),
+    "compute_dtype": _one_of("fp16", "fp32"),
+    "spatial_multiple_of": _int_at_least(1),
+    "saturate_above": _positive_or_null,
+    "accumulator_limit": _positive_or_null,
+    "accumulator": _one_of("fp32", "q15.16"),
+    "notes": _of_type(dict, "a JSON object"),
+}
+FIELD_CHECKS.update({f.name: _of_type(bool, "true or false") for f in fields(ChipProfile) if f.type == "bool"})
+assert set(FIELD_CHECKS) == {f.name for f in fields(ChipProfile)}, "every profile field needs a check"
+
+
+def _shown(value) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 STRICT = ChipProfile()
