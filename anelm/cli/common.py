@@ -29,3 +29,23 @@ def positive_int(text: str) -> int:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
     return v
+
+
+def utf8_problem(text: str) -> str | None:
+    """What makes `text` not UTF-8, or None. Bytes that are not UTF-8 reach Python as lone
+    surrogates (PEP 383): in sys.argv, and in stdin lines decoded with surrogateescape."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"character U+{code:04X}"
+        return f"{what} at character {e.start} is not UTF-8; expected UTF-8 text"
+
+
+def utf8_text(text: str) -> str:
+    """argparse type of free-text flags (a prompt, a system message): UTF-8 or a usage error."""
+    problem = utf8_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text

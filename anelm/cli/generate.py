@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from .common import add_device_args
+from .common import add_device_args, utf8_text
 
 
 def notice(msg: str) -> None:
@@ -29,14 +29,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (default 0: off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="penalty for seen tokens (default 1.0: off)")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", type=utf8_text,
+                   help="stop at this text (repeatable)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     add_device_args(p)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    p.add_argument("--prompt", default="", help="text to continue (default: empty, start from BOS)")
+    p.add_argument("--prompt", default="", type=utf8_text, help="text to continue (default: empty, start from BOS)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of streaming")
 
 

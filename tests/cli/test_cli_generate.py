@@ -168,3 +168,92 @@ def test_bad_input_is_one_line_error(model_dir, capsys, tmp_path, argv, code, me
     rc, out, err = cli(capsys, "generate", *argv)
     assert rc == code and out == ""
     assert err.count("\n") == 1 and err.startswith("anelm: error: ") and re.search(message, err), err
+
+
+def words_chat(tmp_path, model_dir, monkeypatch, stdin):
+    """A copy of the word model whose chat template writes the messages' words only (so its
+    prompt ids are the words), with `stdin` as the user's input; returns the folder and a list
+    that gets, at each prefill, every id the model's cache then holds: the prompt it saw."""
+    import shutil
+
+    from anelm.generate.pipeline import DeviceRunner
+
+    d, _ = model_dir
+    chat_dir = tmp_path / "chat"
+    shutil.copytree(d, chat_dir)
+    template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    (chat_dir / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "</s>"}))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    held, fed = [], []
+    prefill, decode = DeviceRunner.prefill, DeviceRunner.decode
+
+    def watch_prefill(self, ids, cache, **kw):
+        held[cache.length:] = list(ids)
+        fed.append(list(held))
+        return prefill(self, ids, cache, **kw)
+
+    def watch_decode(self, token, cache):
+        held[cache.length:] = [token]
+        return decode(self, token, cache)
+
+    monkeypatch.setattr(DeviceRunner, "prefill", watch_prefill)
+    monkeypatch.setattr(DeviceRunner, "decode", watch_decode)
+    return chat_dir, fed
+
+
+def ids(text):
+    return [WORDS.index(w) for w in text.split()]
+
+
+def test_chat_drops_the_oldest_turns_and_refuses_only_a_message_that_cannot_fit(model_dir, capsys, monkeypatch,
+                                                                                 tmp_path):
+    import io
+
+    system = "w3 w4"
+    turns = [" ".join(f"w{i}" for i in range(start, start + 20)) for start in (10, 30, 50)]
+    too_long = " ".join(["w5"] * 70)  # alone more than the context of 64
+    stdin = io.StringIO("\n".join(turns + [too_long, "w7"]) + "\n")
+    chat_dir, fed = words_chat(tmp_path, model_dir, monkeypatch, stdin)
+    rc, out, err = cli(capsys, "chat", "--model", str(chat_dir), "--system", system, "--temperature", "0",
+                       "--max-tokens", "4")
+    replies = out.split("\n")[:-1]
+    assert rc == 0 and len(replies) == 4, (out, err)  # every turn answered but the refused one
+    r1, r2, r3, r4 = replies
+    # the third turn would need 2 + 3·20 + its replies + 4 > 64: the first turn goes, the system stays
+    assert fed == [ids(system + " " + turns[0]),
+                   ids(f"{system} {turns[0]} {r1} {turns[1]}"),
+                   ids(f"{system} {turns[1]} {r2} {turns[2]}"),
+                   ids(f"{system} {turns[1]} {r2} {turns[2]} {r3} w7")]
+    lines = err.replace("> ", "").splitlines()
+    assert all(line.startswith("anelm: ") for line in lines if line), err
+    dropped = [line for line in lines if "outgrew the context" in line]
+    assert dropped == ["anelm: the conversation outgrew the context of 64 tokens: dropped the oldest 2 messages, "
+                       "kept the system message and the newest 3"]
+    refused = [line for line in lines if line.startswith("anelm: error: ")]
+    assert refused == ["anelm: error: the message was not sent: it makes a prompt of 72 tokens, and with room "
+                       "for a 4-token reply the context holds 64"]
+
+
+def test_chat_refuses_a_line_that_is_not_utf8_and_goes_on(model_dir, capsys, monkeypatch, tmp_path):
+    import io
+
+    stdin = io.TextIOWrapper(io.BytesIO(b"w5 \xff w6\nw7\n"), encoding="utf-8")  # a strict UTF-8 stdin
+    chat_dir, fed = words_chat(tmp_path, model_dir, monkeypatch, stdin)
+    rc, out, err = cli(capsys, "chat", "--model", str(chat_dir), "--temperature", "0", "--max-tokens", "2")
+    assert rc == 0 and out.count("\n") == 1 and fed == [[7]], (out, err)
+    errors = [line for line in err.replace("> ", "").splitlines() if "error" in line]
+    assert errors == ["anelm: error: the message was not sent: byte 0xff at character 3 is not UTF-8; "
+                      "expected UTF-8 text"]
+
+
+def test_a_prompt_that_is_not_utf8_is_one_usage_error(model_dir, capsys):
+    d, _ = model_dir
+    rc, out, err = cli(capsys, "generate", "--model", str(d), "--prompt", "w5 \udcff")  # as sys.argv holds it
+    assert rc == 2 and out == "" and err == ("anelm: error: generate: argument --prompt: byte 0xff at character 3 "
+                                             "is not UTF-8; expected UTF-8 text\n")
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "anelm", "chat", "--model", str(d), "--system", b"w5 \xfe"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr == ("anelm: error: chat: argument --system: byte 0xfe at character 3 "
+                                              "is not UTF-8; expected UTF-8 text\n"), r.stderr
