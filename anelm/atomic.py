@@ -1,4 +1,5 @@
-"""Atomic file writes: a temp file in the same folder, renamed over the target when complete.
+"""Atomic file writes: a temp file in the same folder, renamed over the target when complete
+(`atomic_open`); a whole folder, built beside its target (`atomic_dir`).
 
 A process killed mid-write leaves the old file (or none) and a stray `.<name>.*.tmp`, never a
 half-written target. `durable=True` also fsyncs the file and the folder, for checkpoints.
@@ -7,6 +8,7 @@ half-written target. `durable=True` also fsyncs the file and the folder, for che
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,3 +44,30 @@ def fsync_dir(d: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike):
+    """Build a folder in a temp sibling (yielded) that replaces `path` when the block completes.
+
+    The old folder stays untouched until the build is complete; then it is moved aside, the
+    new one renamed into place and the old one deleted. A folder cannot be renamed over a
+    non-empty one, so two renames replace it: a process killed between them leaves the old
+    folder whole beside the new (`.<name>.*.old`), never a mixed one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            os.replace(path, old)  # onto the empty placeholder: rename may replace an empty folder
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

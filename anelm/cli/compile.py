@@ -8,14 +8,20 @@ them; `--kind train` writes the ten dynamic-weight training kernels (forward and
 take their weights in the input's spatial columns and so compile once for every layer.
 Each folder holds `model.mil`, `weights/*.bin` and `signature.json`; `anelm run-mil` runs it.
 Weights are random (seeded).
+
+`--out` gets an index, `kernels.json`, listing the kernel folders: the mark that `compile` wrote
+the folder. A marked folder is replaced whole (built beside it, then renamed), so no kernel of
+an earlier compile survives; a non-empty folder without the mark is refused, untouched.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 
+from ..atomic import atomic_dir
 from ..errors import AnelmError
 from .common import positive_int
 
@@ -34,7 +40,10 @@ def add_args(p):
     p.add_argument("--layers", type=positive_int, default=1, help="how many layers (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     p.add_argument("--profile", default=None, metavar="PATH", help="chip profile the kernels must obey")
-    p.add_argument("--out", default="kernels", help="output folder (default ./kernels)")
+    p.add_argument("--out", default="kernels",
+                   help="output folder, replaced whole if an earlier compile wrote it (default ./kernels)")
+
+INDEX = "kernels.json"  # at the top of --out: {"written_by": "anelm compile", "kernels": [folder, ...]}
 
 
 def layer_config(args):
@@ -82,14 +91,27 @@ def run(args) -> int:
     profile = load_profile(args.profile)
     cfg = layer_config(args)
     out = Path(args.out)
-    for name, graph in graphs(args, cfg):
-        t0 = time.perf_counter()
-        art = compile_graph(graph, profile)
-        ms = 1e3 * (time.perf_counter() - t0)
-        folder = out / name
-        art.save(folder)
-        wmb = sum(len(b) for b in art.weights.values()) / 2**20
-        n_ops = sum(1 for line in art.mil_text.splitlines() if "= " in line and "const()" not in line)
-        print(f"{folder}: {n_ops} ops, {len(art.weights)} weight blobs ({wmb:.2f} MiB), "
-              f"compiled in {ms:.0f} ms", file=sys.stderr)
+    check_replaceable(out)
+    kernels = graphs(args, cfg)
+    with atomic_dir(out) as build:
+        for name, graph in kernels:
+            t0 = time.perf_counter()
+            art = compile_graph(graph, profile)
+            ms = 1e3 * (time.perf_counter() - t0)
+            art.save(build / name)
+            wmb = sum(len(b) for b in art.weights.values()) / 2**20
+            n_ops = sum(1 for line in art.mil_text.splitlines() if "= " in line and "const()" not in line)
+            print(f"{out / name}: {n_ops} ops, {len(art.weights)} weight blobs ({wmb:.2f} MiB), "
+                  f"compiled in {ms:.0f} ms", file=sys.stderr)
+        index = {"written_by": "anelm compile", "kernels": [name for name, _ in kernels]}
+        (build / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     return 0
+
+
+def check_replaceable(out: Path) -> None:
+    """`out` may be replaced: absent, an empty folder, or a folder an earlier compile marked."""
+    if out.exists() and not out.is_dir():
+        raise AnelmError(f"--out '{out}' is a file; expected a folder for the kernel folders")
+    if out.is_dir() and any(out.iterdir()) and not (out / INDEX).is_file():
+        raise AnelmError(f"--out '{out}' is not empty and has no {INDEX}, so anelm compile did not write it; "
+                         f"expected a new or empty folder, or one an earlier compile wrote (it is replaced)")

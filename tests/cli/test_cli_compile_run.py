@@ -3,6 +3,7 @@
 run-mil's numbers are checked against a float64 numpy reference of the program written here.
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -131,7 +132,7 @@ def test_compile_writes_folders_that_run_mil_runs(tmp_path, capsys):
     assert y.shape == (1, 64, 1, 16) and np.isfinite(y).all() and np.abs(y - x).max() > 1e-3
     code, _, err = cli(capsys, "compile", "--kind", "train", "--dim", "64", "--heads", "4", "--seq", "16",
                        "--out", str(tmp_path / "train"))
-    assert code == 0 and len(list((tmp_path / "train").iterdir())) == 10
+    assert code == 0 and len([p for p in (tmp_path / "train").iterdir() if p.is_dir()]) == 10
 
 
 def test_usage_errors_exit_2(capsys):
@@ -168,3 +169,56 @@ def test_readme_run_mil_recipe_builds_inputs_from_the_signature(tmp_path, capsys
     code, _, err = cli(capsys, "run-mil", "kernels/layer00", "--inputs", "in.npz", "--out", "out.npz")
     assert code == 0, err
     assert np.load("out.npz")["y"].shape == (1, 32, 1, 16)
+
+
+def tree(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+SMALL = ["compile", "--dim", "32", "--heads", "2", "--seq", "16"]
+
+
+def test_recompiling_replaces_the_folder_whole(tmp_path, capsys):
+    out = tmp_path / "kern"
+    assert cli(capsys, *SMALL, "--layers", "2", "--out", str(out))[0] == 0
+    assert (out / "layer01" / "model.mil").is_file()
+    assert json.loads((out / "kernels.json").read_text())["kernels"] == ["layer00", "layer01"]
+    code, _, err = cli(capsys, *SMALL, "--arch", "gpt2", "--out", str(out))
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["kernels.json", "layer00"]  # no stale layer01
+    assert json.loads((out / "kernels.json").read_text())["kernels"] == ["layer00"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kern"]  # no temp folder left beside it
+
+
+def test_a_folder_compile_did_not_write_is_refused_untouched(tmp_path, capsys):
+    out = tmp_path / "mine"
+    (out / "sub").mkdir(parents=True)
+    (out / "notes.txt").write_text("keep me")
+    before = tree(out)
+    code, _, err = cli(capsys, *SMALL, "--out", str(out))
+    one_line_error(code, err, str(out), "kernels.json", "not empty")
+    assert tree(out) == before and sorted(p.name for p in out.iterdir()) == ["notes.txt", "sub"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    (tmp_path / "empty").mkdir()  # an empty folder is fine
+    assert cli(capsys, *SMALL, "--out", str(tmp_path / "empty"))[0] == 0
+
+
+def test_an_interrupted_build_leaves_the_old_folder_intact(tmp_path, capsys, monkeypatch):
+    from anelm.compiler import artifact
+
+    out = tmp_path / "kern"
+    assert cli(capsys, *SMALL, "--layers", "2", "--out", str(out))[0] == 0
+    before = tree(out)
+    save, saved = artifact.Artifact.save, []
+
+    def save_then_interrupt(self, directory):
+        if saved:
+            raise KeyboardInterrupt  # Ctrl-C after the first kernel folder of the new build
+        saved.append(directory)
+        return save(self, directory)
+
+    monkeypatch.setattr(artifact.Artifact, "save", save_then_interrupt)
+    code, _, err = cli(capsys, *SMALL, "--layers", "3", "--seed", "5", "--out", str(out))
+    assert code == 130 and saved and "interrupted" in err
+    assert tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kern"]
