@@ -25,6 +25,8 @@ from ..atomic import atomic_dir
 from ..errors import AnelmError
 from .common import positive_int
 
+INDEX = "kernels.json"  # at the top of --out: {"written_by": "anelm compile", "kernels": [folder, ...]}
+
 
 def add_args(p):
     p.add_argument("--kind", choices=["layer", "train"], default="layer",
@@ -42,8 +44,6 @@ def add_args(p):
     p.add_argument("--profile", default=None, metavar="PATH", help="chip profile the kernels must obey")
     p.add_argument("--out", default="kernels",
                    help="output folder, replaced whole if an earlier compile wrote it (default ./kernels)")
-
-INDEX = "kernels.json"  # at the top of --out: {"written_by": "anelm compile", "kernels": [folder, ...]}
 
 
 def layer_config(args):

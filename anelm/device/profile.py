@@ -66,7 +66,8 @@ class ChipProfile:
     def from_dict(cls, d: dict, source: str = "profile") -> "ChipProfile":
         unknown = sorted(set(d) - set(FIELD_CHECKS))
         if unknown:
-            raise AnelmError(f"{source}: unknown chip-profile key(s) {unknown}; expected some of {sorted(FIELD_CHECKS)}")
+            raise AnelmError(f"{source}: unknown chip-profile key(s) {unknown}; "
+                             f"expected some of {sorted(FIELD_CHECKS)}")
         for name, value in d.items():
             expected = FIELD_CHECKS[name](value)
             if expected:
