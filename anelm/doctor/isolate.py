@@ -45,12 +45,15 @@ def run_isolated(kind: str, profile: ChipProfile, probe_names: list[str], *, sel
                "self_test": self_test, "uncapped": uncapped}
     result, current = Isolated(), None
     with tempfile.TemporaryFile("w+") as err:  # a file, so a chatty child can never block on stderr
-        proc = subprocess.Popen([sys.executable, "-m", "anelm.doctor"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen(child_argv(), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, text=True, env=_child_env())
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-        proc.stdin.write(json.dumps(request))
-        proc.stdin.close()
+        try:
+            proc.stdin.write(json.dumps(request))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the child died before reading: its exit status says how
         try:
             current = _collect(lines, result, timeout)
         finally:
@@ -64,6 +67,11 @@ def run_isolated(kind: str, profile: ChipProfile, probe_names: list[str], *, sel
     if current is not None and current not in result.observations:
         result.observations[current] = Observation(current, "crash", detail=result.error or "the child process died")
     return result
+
+
+def child_argv() -> list[str]:
+    """The child's command line (tests point it at a child that crashes)."""
+    return [sys.executable, "-m", "anelm.doctor"]
 
 
 def _child_env() -> dict:
