@@ -21,7 +21,7 @@ def shared_path(*parts: str) -> Path:
 
 @pytest.fixture(autouse=True)
 def fresh_compile_count():
-    """Every test starts as a fresh process would, at zero compiles: the strict budget of 119
+    """Every test starts as a fresh process would, at zero compiles: the strict budget of 115
     per process is a per-test budget here, so no test fails for what earlier tests compiled."""
     from anelm.device import base
 

@@ -3,7 +3,7 @@
     anelm doctor                                  # report + suite on every available device
     anelm doctor --write-profile m4.json          # save the behaviour the chip showed
     anelm doctor --probe bind. --probe sem.       # a subset, by name or prefix
-    anelm doctor --budget                         # also count compiles until the compiler refuses
+    anelm doctor --budget 130 --write-profile m4.json   # does this chip take 130 cold compiles?
 
 On Apple Silicon the suite runs on the ANE (in a child process: a crash costs one probe) and
 on the emulator, side by side. Elsewhere the hardware column is empty and the emulator is
@@ -20,7 +20,7 @@ import sys
 
 from ..device import machine
 from ..device.profile import ChipProfile, load_profile
-from ..errors import DeviceError
+from ..errors import DeviceError, UsageError
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -31,7 +31,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conformance", action=argparse.BooleanOptionalAction, default=True,
                    help="run the conformance suite (default: on; about 2 s on the emulator)")
     p.add_argument("--probe", action="append", metavar="NAME", help="only probes with this name or prefix (repeatable)")
-    p.add_argument("--budget", action="store_true", help="also measure the compile budget (a child process per device)")
+    p.add_argument("--budget", type=int, metavar="N", default=None,
+                   help="also try N cold compiles in one process (a child per device), each run and checked; "
+                        "--write-profile then records the good ones as compile_budget (strict: 115)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one hardware probe")
     p.add_argument("--write-profile", metavar="PATH", help="write the chip profile derived from the observations")
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
@@ -51,6 +53,8 @@ def _ane_status() -> tuple[bool, str]:
 def run(args: argparse.Namespace) -> int:
     from .. import doctor  # noqa: PLC0415 - the suite is only needed here
 
+    if args.budget is not None and args.budget < 1:
+        raise UsageError(f"--budget {args.budget}: expected a positive number of compiles")
     profile = load_profile(args.profile)
     facts = machine.collect()
     ane_ok, ane_why = _ane_status()
@@ -67,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
     emu = doctor.run_suite(doctor.isolate.make_device("emulator", profile, uncapped=True),
                            [p for p in probes if p.name != doctor.BUDGET_PROBE])
     hw_obs = dict(hw.observations) if hw else None
-    if args.budget:
-        probes = probes + [doctor.suite.budget_probe()]
+    if args.budget is not None:
+        probes = probes + [doctor.suite.budget_probe(args.budget)]
         if hw is not None:
-            hw_obs.update(_budget("ane", profile, args.timeout))
-        emu.update(_budget("emulator", profile, args.timeout))
+            hw_obs.update(_budget("ane", profile, args.timeout, args.budget))
+        emu.update(_budget("emulator", profile, args.timeout, args.budget))
     table = doctor.rows(probes, hw_obs, emu, profile)
     derived = None
     if args.write_profile:
@@ -102,11 +106,12 @@ def _backend(device: str, ane_ok: bool, ane_why: str, hw) -> tuple[str, str]:
     return "emulator", f"the ANE self-test failed: {hw.self_test or hw.error}"
 
 
-def _budget(kind: str, profile: ChipProfile, timeout: float) -> dict:
+def _budget(kind: str, profile: ChipProfile, timeout: float, limit: int) -> dict:
     from ..doctor import BUDGET_PROBE, run_isolated  # noqa: PLC0415
 
-    # hardware: lift our own counter so the chip's limit is what stops the loop
-    res = run_isolated(kind, profile, [BUDGET_PROBE], uncapped=(kind == "ane"), timeout=max(timeout, 600.0))
+    # hardware: lift our own counter so the chip's limit (or N) is what stops the loop
+    res = run_isolated(kind, profile, [BUDGET_PROBE], uncapped=(kind == "ane"), timeout=max(timeout, 600.0),
+                       budget_limit=limit)
     return res.observations
 
 

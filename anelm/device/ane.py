@@ -1,40 +1,38 @@
-"""The real Apple Neural Engine: Apple's private in-memory MIL API, called through ctypes.
+"""The real Apple Neural Engine behind the Device interface: when to compile, load and unload.
 
-The only module that talks to AppleNeuralEngine.framework, kept thin: one method per
-life-cycle step (compile, load, evaluate, unload), each private call commented with the
-fact it relies on; docs/ane-backend.md lists them in order with where each fact comes from.
+The private calls themselves are in `ane_framework` (one method each, the seam a test
+replaces with a fake framework); this module owns the rules around them:
+- aned may already hold the program (`compiledModelExists`): then nothing is compiled and
+  nothing is charged against the compile budget (CONTRACTS §2.7);
+- the framework's unload deletes the model's compile folder, so the folder is re-created
+  from the model's own text and blobs before every load;
+- a model is marked unloaded only once the unload succeeded, so a failed one is retried.
+docs/ane-backend.md lists every call in order with where each fact comes from.
 Importing this module loads nothing; `available()` and `AneDevice()` do, on macOS/arm64.
-`anelm doctor` and tests/device/test_ane_binding.py check it on the user's Mac.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import shutil
 import threading
 import time
 import weakref
-from ctypes import byref, c_uint, c_void_p
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DeviceError
-from . import objc
+from . import ane_framework
+from .ane_framework import CLASSES, FRAMEWORK, FRAMEWORK_DIR, PRIVATE_CALLS, IOSurfaceBacked  # noqa: F401
 from .base import Device, Surface, charge_compile
-from .objc import BOOL, ERROR_OUT, ID, Id
 from .profile import STRICT, ChipProfile
 
-FRAMEWORK_DIR = "/System/Library/PrivateFrameworks/AppleNeuralEngine.framework"
-FRAMEWORK = f"{FRAMEWORK_DIR}/AppleNeuralEngine"
-CLASSES = ("_ANEInMemoryModelDescriptor", "_ANEInMemoryModel", "_ANERequest", "_ANEIOSurfaceObject")
-QOS = 21  # every reference passes 21 (the M5 sweep found 0-63 all work; 0 loads slowly)
 LOAD_RETRY_DELAY_S = 0.1  # maderix's bridge retries a failed load once after 100 ms
 MODEL_PATH = "@model_path/"  # weight keys name files relative to the compile folder
-
-# ----------------------------------------------------------------------------- availability
+REQUESTS_PER_MODEL = 8  # surface sets whose _ANERequest is kept for reuse, per model
 
 
 def available(system: str | None = None, machine: str | None = None,
@@ -49,67 +47,18 @@ def available(system: str | None = None, machine: str | None = None,
     if not os.path.isdir(framework_dir):
         return False, f"{framework_dir} is missing (the MIL path needs macOS on M1 or later)"
     try:
-        fw = _framework()
+        fw = ane_framework.framework()
     except Exception as e:  # noqa: BLE001 - whatever a load fails with is the reason, never a crash
         return False, str(e) if isinstance(e, DeviceError) else f"{type(e).__name__}: {e}"
-    why = "AppleNeuralEngine.framework loaded; its four classes and nine selectors resolved"
+    why = f"AppleNeuralEngine.framework loaded; its four classes and {len(PRIVATE_CALLS)} selectors resolved"
     return True, why + (f"; prototype warnings (the self-test decides): {'; '.join(fw.warnings)}" if fw.warnings else "")
 
 
-# Every private message we send, with the exact prototype it is sent through (facts:
-# maderix-ane-facts §1.2, orion-facts §3.1). Checked against the runtime when the framework
-# loads: a missing selector makes the backend unavailable instead of aborting the process.
-PRIVATE_CALLS = {  # selector: (class, class method?, restype, argtypes)
-    "modelWithMILText:weights:optionsPlist:": ("_ANEInMemoryModelDescriptor", True, ID, [ID, ID, ID]),
-    "inMemoryModelWithDescriptor:": ("_ANEInMemoryModel", True, ID, [ID]),
-    "hexStringIdentifier": ("_ANEInMemoryModel", False, ID, []),
-    "compileWithQoS:options:error:": ("_ANEInMemoryModel", False, BOOL, [c_uint, ID, ERROR_OUT]),
-    "loadWithQoS:options:error:": ("_ANEInMemoryModel", False, BOOL, [c_uint, ID, ERROR_OUT]),
-    "evaluateWithQoS:options:request:error:": ("_ANEInMemoryModel", False, BOOL, [c_uint, ID, ID, ERROR_OUT]),
-    "unloadWithQoS:error:": ("_ANEInMemoryModel", False, BOOL, [c_uint, ERROR_OUT]),
-    "requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:":
-        ("_ANERequest", True, ID, [ID, ID, ID, ID, ID, ID, ID]),
-    "objectWithIOSurface:": ("_ANEIOSurfaceObject", True, ID, [c_void_p]),
-}
-
-
-class _Framework:
-    """The loaded framework: the ObjC runtime, the four private classes, the checked prototypes."""
-
-    def __init__(self):
-        self.rt = objc.runtime()
-        try:
-            # Fact: the references dlopen this exact path with RTLD_NOW before looking classes up.
-            self.lib = ctypes.CDLL(FRAMEWORK, mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
-        except OSError as e:
-            raise DeviceError(f"cannot load {FRAMEWORK}: {e}") from None
-        # Fact: all four classes are required (Orion's init refuses to start without one).
-        self.classes = {name: self.rt.cls(name) for name in CLASSES}
-        self.warnings = [w for sel, (cls, is_cls, res, args) in PRIVATE_CALLS.items()
-                         if (w := self.rt.check_prototype(cls, is_cls, sel, res, args))]
-
-    def send(self, receiver, selector: str, *args):
-        """A private message, through the prototype PRIVATE_CALLS gives it."""
-        cls, is_class, restype, argtypes = PRIVATE_CALLS[selector]
-        target = self.classes[cls] if is_class else receiver
-        return self.rt.send(target, selector, restype, argtypes, *args)
-
-
-_fw: _Framework | None = None
-_fw_lock = threading.Lock()
-
-
-def _framework() -> _Framework:
-    global _fw
-    with _fw_lock:
-        if _fw is None:
-            _fw = _Framework()
-        return _fw
-
-
 # ----------------------------------------------------------------------------- compile folder
-# Orion's hazard: identical MIL with identical weight keys gets the same hex id and so the
-# same folder; count users so that releasing one model never deletes another's files.
+# Identical programs (same text, blobs and options) get the same hex id and so the same
+# folder. The framework's unload deletes it whoever else uses it, so every model re-creates
+# it before its own loads; the user count only keeps *our* release from deleting a folder
+# that another live model of this process may be loading from at that moment.
 _folder_users: dict[str, int] = {}
 _folder_lock = threading.Lock()
 
@@ -124,15 +73,15 @@ def weight_relpath(key: str) -> str:
     return rel
 
 
-def populate_folder(folder: Path, mil_text: str, weights: dict[str, bytes]) -> None:
+def populate_folder(folder: Path, mil_text: str | bytes, weights: dict[str, bytes]) -> None:
     """Fact: every reference pre-populates NSTemporaryDirectory()/<hex>/ before compiling,
     with model.mil, a weights/ folder, and each blob at its key minus "@model_path/"."""
     (folder / "weights").mkdir(parents=True, exist_ok=True)
-    (folder / "model.mil").write_bytes(mil_text.encode("utf-8"))
+    (folder / "model.mil").write_bytes(mil_text.encode("utf-8") if isinstance(mil_text, str) else mil_text)
     for key, blob in weights.items():
         path = folder / weight_relpath(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(bytes(blob))
+        path.write_bytes(blob)  # any bytes-like object, written from its own memory
 
 
 def _acquire_folder(folder: Path) -> None:
@@ -150,80 +99,58 @@ def _drop_folder(folder: Path) -> None:
 
 
 class AneModel:
-    """A compiled program: the retained `_ANEInMemoryModel`, its descriptor and its folder.
+    """A program: the retained `_ANEInMemoryModel`, its hex id, folder, text and blobs.
 
-    `unload` keeps the folder so a later `load` works (the reload experiment); `release()`
-    (also on `device.close()` or when the handle is dropped) frees the objects and the folder.
+    The text and blobs are the caller's own objects, referenced rather than copied: they
+    re-create the folder before each load and back the NSData the framework was handed.
+    `compiled` says whether this process compiled it (False: aned already held it).
+    `release()` (also on `device.close()` or when the handle is dropped) frees it all.
     """
 
-    def __init__(self, fw: _Framework, ptr: int, descriptor: int, hex_id: str, folder: Path):
-        self._fw, self.ptr, self._descriptor, self.hex_id, self.folder = fw, ptr, descriptor, hex_id, folder
-        self.loaded = False
+    def __init__(self, fw, ptr: int, hex_id: str, folder: Path, mil: bytes, weights: dict[str, bytes]):
+        self._fw, self.ptr, self.hex_id, self.folder = fw, ptr, hex_id, folder
+        self.mil, self.weights = mil, dict(weights)
+        self.loaded = self.compiled = False
+        self._requests: OrderedDict = OrderedDict()  # surface ids -> (request, surfaces)
 
     @property
     def released(self) -> bool:
         return self.ptr is None
 
+    def request(self, inputs: list[Surface], outputs: list[Surface]) -> int:
+        """The retained `_ANERequest` for these surfaces, built once and reused."""
+        key = (tuple(map(id, inputs)), tuple(map(id, outputs)))
+        hit = self._requests.get(key)
+        if hit is not None and not any(s.released for s in hit[1]):
+            self._requests.move_to_end(key)
+            return hit[0]
+        if hit is not None:
+            self._fw.release(self._requests.pop(key)[0])
+        req = self._fw.new_request(inputs, outputs)
+        self._requests[key] = (req, [*inputs, *outputs])  # held, so no id is reused while cached
+        while len(self._requests) > REQUESTS_PER_MODEL:
+            self._fw.release(self._requests.popitem(last=False)[1][0])
+        return req
+
     def release(self) -> None:
         if self.ptr is None:
             return
         ptr, self.ptr, was_loaded, self.loaded = self.ptr, None, self.loaded, False
+        requests = [r for r, _ in self._requests.values()]
+        self._requests.clear()
         try:
             if was_loaded:
-                _unload(self._fw, ptr)
+                self._fw.unload(ptr)
         finally:
-            self._fw.rt.release(ptr)
-            self._fw.rt.release(self._descriptor)
+            self._fw.release(*requests, ptr)
             _drop_folder(self.folder)
+            self.mil, self.weights = b"", {}  # only now: the framework's NSData pointed at them
 
     def __del__(self):
         try:
             self.release()
         except Exception:  # interpreter shutdown: the runtime may already be gone
             pass
-
-
-class IOSurfaceBacked(objc.IOSurfaceBuffer, Surface):
-    """A flat IOSurface, locked for every read and write; `release()` CFReleases it at once."""
-
-    def __init__(self, fw: _Framework, nbytes: int):
-        # Fact: both references create flat byte surfaces with exactly these six properties.
-        props = {"kIOSurfaceWidth": nbytes, "kIOSurfaceHeight": 1, "kIOSurfaceBytesPerElement": 1,
-                 "kIOSurfaceBytesPerRow": nbytes, "kIOSurfaceAllocSize": nbytes, "kIOSurfacePixelFormat": 0}
-        super().__init__(fw.rt, nbytes, props)
-        self._fw, self._wrap = fw, None
-
-    def view(self) -> np.ndarray:
-        raise DeviceError("an IOSurface must be locked to touch; use read() and write()")
-
-    def ane_object(self) -> int:
-        """The retained `_ANEIOSurfaceObject` wrapping this surface, made on first use."""
-        if self.released:
-            raise DeviceError("surface was released; allocate a new one with device.new_surface()")
-        if self._wrap is None:
-            rt = self._fw.rt
-            with rt.pool():
-                # Fact: requests take surfaces wrapped by +[_ANEIOSurfaceObject objectWithIOSurface:].
-                obj = self._fw.send(None, "objectWithIOSurface:", self.ref)
-                if not obj:
-                    raise DeviceError("_ANEIOSurfaceObject objectWithIOSurface: returned nil")
-                self._wrap = rt.retain(obj)
-        return self._wrap
-
-    def release(self) -> None:
-        wrap, self._wrap = getattr(self, "_wrap", None), None
-        if wrap:
-            self._fw.rt.release(wrap)
-        super().release()
-
-
-def _unload(fw: _Framework, ptr: int) -> None:
-    rt = fw.rt
-    with rt.pool():
-        err = rt.error_out()
-        # Fact: -unloadWithQoS:error: takes the QoS and an NSError** (no options argument).
-        if not fw.send(ptr, "unloadWithQoS:error:", QOS, byref(err)):
-            raise rt.error_from("unloadWithQoS", err)
 
 
 SELF_TEST_MIL = """program(1.3)
@@ -239,65 +166,52 @@ SELF_TEST_MIL = """program(1.3)
 
 
 class AneDevice(Device):
-    """The real ANE behind the Device interface; raises DeviceError where it cannot run."""
+    """The real ANE behind the Device interface; raises DeviceError where it cannot run.
+
+    `framework` is the seam (default: the loaded AppleNeuralEngine.framework); tests pass
+    a fake that behaves as the framework does.
+    """
 
     name = "ane"
 
-    def __init__(self, profile: ChipProfile = STRICT):
+    def __init__(self, profile: ChipProfile = STRICT, framework=None):
         super().__init__(profile)
-        ok, why = available()
-        if not ok:
-            raise DeviceError(f"the ANE backend is unavailable: {why}")
-        self._fw = _framework()
+        if framework is None:
+            ok, why = available()
+            if not ok:
+                raise DeviceError(f"the ANE backend is unavailable: {why}")
+            framework = ane_framework.framework()
+        self._fw = framework
         self._models, self._surfaces = weakref.WeakSet(), weakref.WeakSet()  # released on close()
 
-    def new_surface(self, nbytes: int) -> IOSurfaceBacked:
-        s = IOSurfaceBacked(self._fw, nbytes)
+    def new_surface(self, nbytes: int) -> Surface:
+        s = self._fw.new_surface(nbytes)
         self._surfaces.add(s)
         return s
 
     def compile(self, mil_text: str, weights: dict[str, bytes]) -> AneModel:
-        rt = self._fw.rt
+        """A program for this text and these blobs; a cold compile only when aned lacks it."""
         for key in weights:
             weight_relpath(key)  # refuse bad keys before any private call
-        with rt.pool():
-            desc, model = self._describe(mil_text, weights)
-            # Fact: -hexStringIdentifier names the compile folder; it depends on the content.
-            hex_id = rt.string(self._fw.send(model, "hexStringIdentifier"))
-            if not hex_id:
-                raise DeviceError("_ANEInMemoryModel hexStringIdentifier returned nil")
-            folder = Path(rt.temporary_directory()) / hex_id
-            _acquire_folder(folder)
-            handle = AneModel(self._fw, rt.retain(model), rt.retain(desc), hex_id, folder)
-            try:
-                populate_folder(folder, mil_text, weights)
+        mil = mil_text.encode("utf-8")
+        ptr, hex_id = self._fw.new_model(mil, weights)
+        folder = Path(self._fw.temporary_directory()) / hex_id
+        _acquire_folder(folder)
+        handle = AneModel(self._fw, ptr, hex_id, folder, mil, weights)
+        try:
+            populate_folder(folder, mil, weights)
+            # Fact (libane): aned keeps compiled programs by hex id across processes; loading
+            # one is not a compile and costs no budget (CONTRACTS §2.7).
+            if not self._fw.compiled_model_exists(ptr):
                 # Charged before the call: the compiler's leak happens whether or not it succeeds.
                 charge_compile(self.profile.compile_budget)
-                err = rt.error_out()
-                # Fact: -compileWithQoS:options:error: takes QoS as unsigned int (21), options @{}
-                # and NSError**, and returns BOOL.
-                if not self._fw.send(handle.ptr, "compileWithQoS:options:error:", QOS, rt.ns({}), byref(err)):
-                    raise rt.error_from("compileWithQoS", err)
-            except BaseException:
-                handle.release()  # Orion deletes the folder of a failed compile
-                raise
+                self._fw.compile(ptr)
+                handle.compiled = True
+        except BaseException:
+            handle.release()  # Orion deletes the folder of a failed compile
+            raise
         self._models.add(handle)
         return handle
-
-    def _describe(self, mil_text: str, weights: dict[str, bytes]) -> tuple[int, int]:
-        rt, send = self._fw.rt, self._fw.send
-        # Fact: the MIL goes in as UTF-8 NSData (an NSString crashes); weights as
-        # {key: {"offset": 0, "data": NSData}}, an empty dict and never nil (nil makes the
-        # compile fail silently); optionsPlist nil.
-        wdict = rt.ns({k: {"offset": 0, "data": bytes(v)} for k, v in weights.items()})
-        desc = send(None, "modelWithMILText:weights:optionsPlist:", rt.ns(mil_text.encode("utf-8")), wdict, None)
-        if not desc:
-            raise DeviceError("_ANEInMemoryModelDescriptor modelWithMILText:weights:optionsPlist: returned nil")
-        # Fact: +[_ANEInMemoryModel inMemoryModelWithDescriptor:] makes the model from the descriptor.
-        model = send(None, "inMemoryModelWithDescriptor:", desc)
-        if not model:
-            raise DeviceError("_ANEInMemoryModel inMemoryModelWithDescriptor: returned nil")
-        return desc, model
 
     def load(self, model: AneModel) -> None:
         m = self._own(model)
@@ -311,50 +225,44 @@ class AneDevice(Device):
         m.loaded = True
 
     def _load_once(self, m: AneModel) -> None:
-        rt = self._fw.rt
-        with rt.pool():
-            err = rt.error_out()
-            # Fact: -loadWithQoS:options:error: takes QoS 21, options @{}, NSError**; returns BOOL.
-            if not self._fw.send(m.ptr, "loadWithQoS:options:error:", QOS, rt.ns({}), byref(err)):
-                raise rt.error_from("loadWithQoS", err)
+        # The framework's unload deleted the folder (and so may another model's unload of the
+        # same hex id): put back what this model was made from, plus any rewritten blobs.
+        populate_folder(m.folder, m.mil, m.weights)
+        self._fw.load(m.ptr)
 
     def evaluate(self, model: AneModel, inputs: list[Surface], outputs: list[Surface]) -> None:
         m = self._own(model)
         if not m.loaded:
             raise DeviceError("evaluate: the model is not loaded; call device.load(model) first")
-        ins = [Id(_wrapped(s, "input", i)) for i, s in enumerate(inputs)]
-        outs = [Id(_wrapped(s, "output", i)) for i, s in enumerate(outputs)]
-        rt = self._fw.rt
-        with rt.pool():
-            # Fact: the request takes NSArrays of surface objects and of NSNumber indices
-            # 0..n-1 (the position is the binding), weightsBuffer nil, perfStats nil and
-            # procedureIndex @0.
-            req = self._fw.send(None, "requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:"
-                                "perfStats:procedureIndex:", rt.ns(ins), rt.ns(list(range(len(ins)))),
-                                rt.ns(outs), rt.ns(list(range(len(outs)))), None, None, rt.ns(0))
-            if not req:
-                raise DeviceError("_ANERequest requestWithInputs:...procedureIndex: returned nil")
-            err = rt.error_out()
-            # Fact: -evaluateWithQoS:options:request:error: returns BOOL. The references'
-            # training loops ignore it; we do not (bad surface sizes fail here, status 0x1d).
-            if not self._fw.send(m.ptr, "evaluateWithQoS:options:request:error:", QOS, rt.ns({}), req, byref(err)):
-                raise rt.error_from("evaluateWithQoS", err)
+        for kind, surfaces in (("input", inputs), ("output", outputs)):
+            for i, s in enumerate(surfaces):
+                if not self._fw.owns(s):
+                    raise DeviceError(f"{kind} surface {i} is a {type(s).__name__}; "
+                                      "the ANE reads only surfaces from AneDevice.new_surface()")
+        self._fw.evaluate(m.ptr, m.request(list(inputs), list(outputs)))
 
     def unload(self, model: AneModel) -> None:
         m = self._own(model)
         if m.loaded:
+            self._fw.unload(m.ptr)  # raises on failure: the model stays loaded, and a retry unloads it
             m.loaded = False
-            _unload(self._fw, m.ptr)
 
     def rewrite_weight(self, model: AneModel, path: str, blob: bytes) -> None:
-        # Fact (Orion's delta reload): overwrite <folder>/<key minus @model_path/> between
-        # unload and load. Whether the chip reads it is `reload_reads_new_weights`.
+        """Replace a blob in the model's folder (Orion's delta reload), before or after unload.
+
+        The folder is re-created from the model's blobs before each load, so the new blob is
+        recorded there too. The hex id still names the original weights, so on a Mac aned
+        serves the program compiled from them (`sem.reload_weights` reads "old" either way).
+        """
         m = self._own(model)
+        if path not in m.weights:
+            raise DeviceError(f"rewrite_weight: {path} is not a blob of this model; "
+                              f"expected one of {sorted(m.weights) or 'none'}")
+        m.weights[path] = blob
         target = m.folder / weight_relpath(path)
-        if not target.exists():
-            raise DeviceError(f"rewrite_weight: {path} is not a blob of this model (no {target})")
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
-        tmp.write_bytes(bytes(blob))
+        tmp.write_bytes(blob)
         os.replace(tmp, target)
 
     def close(self) -> None:
@@ -370,7 +278,11 @@ class AneDevice(Device):
         return model
 
     def self_test(self) -> None:
-        """Compile, run and check a tiny add on the chip; raise DeviceError if anything is off."""
+        """Compile, run and check a tiny add on the chip; raise DeviceError if anything is off.
+
+        Run in a child process by `--device auto` (`device/selftest.py`): a crash here must
+        not take the user's process with it.
+        """
         x = np.linspace(-8, 8, 64 * 384).astype(np.float16)  # 49,152 bytes: the minimum surface
         inp, out = surfaces = [self.new_surface(x.nbytes), self.new_surface(x.nbytes)]
         model = None
@@ -382,17 +294,10 @@ class AneDevice(Device):
             self.evaluate(model, [inp], [out])
             got = out.read(x.nbytes).view(np.float16).astype(np.float64)
         finally:
-            for obj in [*surfaces, model]:
+            for obj in [model, *surfaces]:
                 if obj is not None:
                     obj.release()
         ref = x.astype(np.float64) + 0.5
         err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
         if not err <= 2e-3:  # also catches NaN
             raise DeviceError(f"ANE self-test: add(x, 0.5) is off by {err:.3g} relative (tolerance 2e-3)")
-
-
-def _wrapped(surface: Surface, kind: str, index: int) -> int:
-    if not isinstance(surface, IOSurfaceBacked):
-        raise DeviceError(f"{kind} surface {index} is a {type(surface).__name__}; "
-                          "the ANE reads only surfaces from AneDevice.new_surface()")
-    return surface.ane_object()

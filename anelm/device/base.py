@@ -124,7 +124,8 @@ class Device(ABC):
 
     @abstractmethod
     def compile(self, mil_text: str, weights: dict[str, bytes]):
-        """Compile MIL text with its weight blobs; counts against the compile budget."""
+        """Compile MIL text with its weight blobs. A cold compile counts against the compile
+        budget; a program served from a cache (aned's on a Mac) is loaded, not compiled."""
 
     @abstractmethod
     def load(self, model) -> None: ...

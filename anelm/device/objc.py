@@ -185,7 +185,7 @@ class Runtime:
             return value
         if isinstance(value, str):
             return self.send(self.cls("NSString"), "stringWithUTF8String:", ID, [c_char_p], value.encode())
-        if isinstance(value, (bytes, bytearray, memoryview)):
+        if isinstance(value, (bytes, bytearray, memoryview)):  # small values: a copy is simpler
             data = bytes(value)
             return self.send(self.cls("NSData"), "dataWithBytes:length:", ID, [c_char_p, NSUInteger],
                              data, len(data))
@@ -211,6 +211,18 @@ class Runtime:
         keys, vals = self._ids(list(d)), self._ids(list(d.values()))
         return self.send(self.cls("NSDictionary"), "dictionaryWithObjects:forKeys:count:", ID,
                          [POINTER(ID), POINTER(ID), NSUInteger], vals, keys, len(d))
+
+    def data_no_copy(self, buffer) -> Id:
+        """An autoreleased NSData over `buffer`'s own memory (no copy, never freed by Foundation).
+
+        The caller keeps `buffer` alive and unchanged for as long as the NSData may be read.
+        """
+        addr, n = buffer_address(buffer)
+        data = self.send(self.cls("NSData"), "dataWithBytesNoCopy:length:freeWhenDone:", ID,
+                         [c_void_p, NSUInteger, BOOL], addr, n, False)
+        if not data:
+            raise DeviceError(f"NSData dataWithBytesNoCopy: returned nil for {n} bytes")
+        return Id(data)
 
     def string(self, nsstring) -> str:
         """An NSString as a Python str ('' for nil)."""
@@ -247,7 +259,7 @@ class Runtime:
             raise DeviceError("surface was released; allocate a new one with device.new_surface()")
         kr = self.iosurface.IOSurfaceLock(ref, options, None)
         if kr != 0:
-            raise DeviceError("IOSurfaceLock failed", kr & 0xFFFFFFFF)
+            raise DeviceError(f"IOSurfaceLock failed: kern_return_t 0x{kr & 0xFFFFFFFF:08x}")
         try:
             base = self.iosurface.IOSurfaceGetBaseAddress(ref)
             if not base:
@@ -271,6 +283,12 @@ class Runtime:
         code = self.send(err, "code", NSInteger, [])
         desc = self.string(self.send(err, "localizedDescription", ID, []))
         return ObjCError(step, domain, code, desc)
+
+
+def buffer_address(buffer) -> tuple[int, int]:
+    """(address, length) of a bytes-like object's own memory, without copying it."""
+    view = np.frombuffer(buffer, dtype=np.uint8)  # shares the buffer, read-only ones included
+    return (view.ctypes.data if view.size else 0), int(view.size)
 
 
 def encoding_tokens(enc: str) -> list[str]:

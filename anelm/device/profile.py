@@ -37,7 +37,7 @@ class ChipProfile:
     # --- semantics (strict §2.5-2.8) ---
     sdpa_ignores_mask: bool = True
     reload_reads_new_weights: bool = False
-    compile_budget: int = 119
+    compile_budget: int = 115  # strict §2.7: libane stops at 115, the compiler fails near 119
     compute_dtype: str = "fp16"
     cast_only_at_boundary: bool = True
     # --- peer-reported switches, off in strict ---

@@ -3,7 +3,8 @@
     device = get_device("auto")   # prints `anelm: device: ...` on stderr
 
 `auto` uses the ANE only when its backend imports, reports itself available and passes its
-self-test; anything short of that falls back to the emulator, with the reason on stderr.
+self-test (run in a child process, the verdict cached per machine and OS build); anything
+short of that falls back to the emulator, with the reason on stderr.
 Asking for `ane` explicitly when it cannot run is a one-line DeviceError.
 """
 
@@ -19,20 +20,25 @@ DEVICE_NAMES = ("auto", "ane", "emulator")
 
 
 def _try_ane(profile: ChipProfile) -> tuple[Device | None, str]:
-    """(device, "") when the real backend works, else (None, reason)."""
+    """(device, "") when the real backend works, else (None, reason).
+
+    The self-test runs in a child process (`selftest.verdict`, cached per machine and OS
+    build): an Objective-C exception or a SIGSEGV there costs the child, not this process.
+    """
     try:
-        from . import ane  # noqa: PLC0415 - only on demand: it binds private frameworks
+        from . import ane, selftest  # noqa: PLC0415 - only on demand: it binds private frameworks
     except Exception as e:  # noqa: BLE001 - a missing or broken backend is a reason, not a crash
         return None, f"backend did not import: {type(e).__name__}: {e}"
     try:
         ok, reason = ane.available()
         if not ok:
             return None, str(reason).splitlines()[0] if reason else "unavailable"
-        dev = ane.AneDevice(profile)
-        dev.self_test()
+        ok, reason = selftest.verdict()
+        if not ok:
+            return None, reason.splitlines()[0]
+        return ane.AneDevice(profile), ""
     except Exception as e:  # noqa: BLE001 - DeviceError or anything the private API throws
         return None, f"{type(e).__name__}: {e}".splitlines()[0]
-    return dev, ""
 
 
 def get_device(name: str = "auto", profile: ChipProfile | str | None = None) -> Device:

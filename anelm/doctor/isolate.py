@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..device.profile import ChipProfile
 from .harness import Observation, run_probe
-from .suite import select
+from .suite import BUDGET_LIMIT, select
 
 UNCAPPED = 10**9  # on hardware our own budget counter must not stop what the chip is asked
 MARK = "@@anelm-doctor "  # our lines on stdout; anything else the frameworks print is ignored
@@ -36,21 +36,25 @@ class Isolated:
 
 
 def run_isolated(kind: str, profile: ChipProfile, probe_names: list[str], *, self_test: bool = False,
-                 uncapped: bool = False, timeout: float = 120.0) -> Isolated:
+                 uncapped: bool = False, timeout: float = 120.0, budget_limit: int = BUDGET_LIMIT) -> Isolated:
     """Run the named probes on a fresh `kind` device ("ane" or "emulator") in a child process.
 
-    `timeout` bounds the wait for each event (one probe, or the self-test).
+    `timeout` bounds the wait for each event (one probe, or the self-test); `budget_limit`
+    caps the compile-budget probe's compiles.
     """
     request = {"kind": kind, "profile": json.loads(profile.to_json()), "probes": list(probe_names),
-               "self_test": self_test, "uncapped": uncapped}
+               "self_test": self_test, "uncapped": uncapped, "budget_limit": budget_limit}
     result, current = Isolated(), None
     with tempfile.TemporaryFile("w+") as err:  # a file, so a chatty child can never block on stderr
-        proc = subprocess.Popen([sys.executable, "-m", "anelm.doctor"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen(child_argv(), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, text=True, env=_child_env())
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-        proc.stdin.write(json.dumps(request))
-        proc.stdin.close()
+        try:
+            proc.stdin.write(json.dumps(request))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the child died before reading: its exit status says how
         try:
             current = _collect(lines, result, timeout)
         finally:
@@ -64,6 +68,11 @@ def run_isolated(kind: str, profile: ChipProfile, probe_names: list[str], *, sel
     if current is not None and current not in result.observations:
         result.observations[current] = Observation(current, "crash", detail=result.error or "the child process died")
     return result
+
+
+def child_argv() -> list[str]:
+    """The child's command line (tests point it at a child that crashes)."""
+    return [sys.executable, "-m", "anelm.doctor"]
 
 
 def _child_env() -> dict:
@@ -141,7 +150,7 @@ def child_main() -> int:
                 _say("self_test", error="")
             except Exception as e:  # noqa: BLE001 - reported; the probes still run, to show what breaks
                 _say("self_test", error=f"{type(e).__name__}: {e}".splitlines()[0])
-        for probe in select(req["probes"]) if req["probes"] else []:
+        for probe in select(req["probes"], budget_limit=req.get("budget_limit", BUDGET_LIMIT)) if req["probes"] else []:
             _say("start", probe=probe.name)
             _say("obs", obs=run_probe(probe, device).to_dict())
         device.close()

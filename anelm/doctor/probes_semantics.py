@@ -126,7 +126,7 @@ def _reload(h: Harness) -> Observation:
     for value, w in (("new", w_new), ("old", w_old)):
         if rel_err(second, f64(x) * f64(w)) <= ELEMENTWISE:
             return Observation("", "ok", value, rel_err(second, f64(x) * f64(w)), ELEMENTWISE,
-                               f"after rewrite + unload + load the chip uses the {value} weights")
+                               f"after rewrite + unload + load the program computes with the {value} weights")
     return Observation("", "wrong-result", detail="after reload: neither the old nor the new weights")
 
 
@@ -179,7 +179,11 @@ def semantic_probes() -> list[Probe]:
               _sdpa_mask, rule(("slice_by_size", "scaled_dot_product_attention"),
                                lambda p: "ignored" if p.sdpa_ignores_mask else "applied"),
               ("slice_by_size", "scaled_dot_product_attention")),
-        Probe("sem.reload_weights", 3, "rewrite the blob, unload, load: old or new weights?", _reload,
+        # What it measures on a Mac: the framework's unload deletes the folder and the load is
+        # served by aned's cache for the hex id (which hashes the original blobs), so "old" says
+        # a reload cannot bring new weights; it does not say whether files would be re-read.
+        Probe("sem.reload_weights", 3, "rewrite the blob, unload, load: does the reloaded program use the "
+              "new weights? (on a Mac the load is served by aned's cache for the original hex id)", _reload,
               rule(("mul",), lambda p: "new" if p.reload_reads_new_weights else "old"), ("mul",)),
         Probe("sem.multi_chunk_blob", 3, "two tensors in one blob file at two offsets", _multi_chunk,
               rule(("mul", "add"), lambda p: "rejected" if p.single_chunk_blobs_only else "ok"), ("mul", "add")),

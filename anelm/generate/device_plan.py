@@ -7,16 +7,18 @@ layers cannot share one), lazily, the first time a size is needed:
     decode tiers     D: a token at position p reads a cache input of the smallest tier > p
 
 so a process that uses every size compiles L × (|P| + |D|) programs, and one generation
-compiles L × (prefill buckets used + decode tiers used). The budget is 119 compiles per
-process (strict §2.7), of which RESERVE are left to whatever else the process compiles:
+compiles L × (prefill buckets used + decode tiers used). The budget is 115 cold compiles per
+process in `strict` (§2.7: libane stops there; the private compiler fails silently, then
+crashes, near 119), of which RESERVE are left to whatever else the process compiles:
 
     L × (|P| + |D|) <= budget − RESERVE
 
-GPT-2 124M (L = 12, context 1024): P = 16, 64, 256, 1024 and D = 64, 128, 256, 512, 1024
-give 12 × 9 = 108 <= 111; a generation from a short prompt to position ~100 compiles
-12 × (1 + 2) = 36. Deeper models get fewer sizes (`plan_sizes`: a ladder is thinned where
+GPT-2 124M (L = 12, context 1024): P = 16, 64, 256, 1024 and D = 64, 128, 256, 1024 give
+12 × 8 = 96 <= 107, a margin of 19 under the budget (23 under the failures); a generation
+from a short prompt to position ~100 compiles 12 × (1 + 2) = 36. Programs aned already holds
+(`compiledModelExists`) are loaded, not compiled, so a second run costs less. Deeper models get fewer sizes (`plan_sizes`: a ladder is thinned where
 neighbouring sizes are closest, and the largest of each always stays): Qwen3-0.6B (L = 28,
-context capped at 4096) gets P = 16, 1024 and D = 4096, 84 compiles at most.
+context capped at 4096) gets P = 16, 1024 and D = 4096, 84 compiles at most (a margin of 31).
 
 Why tiers rather than one decode program per layer at the full context (which would compile
 L × (buckets used + 1)): a decode program reads its whole cache input every step, whatever

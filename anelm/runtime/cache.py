@@ -1,6 +1,6 @@
 """The process-wide program cache: compiled programs by content, so nothing compiles twice.
 
-Compiles are scarce (119 per process on the ANE) and slow, so a Kernel asks the cache first.
+Compiles are scarce (115 per process in `strict` on the ANE) and slow, so a Kernel asks the cache first.
 The key is the artifact's content hash plus the device the program was compiled on (a compiled
 model belongs to one device). Entries stay compiled and loaded after their Kernel closes, for
 the next Kernel of the same artifact; past `capacity`, the least recently used entry that no

@@ -5,8 +5,10 @@ blocks are 1×1 conv consts, so there is one compiled program per (kernel, layer
 update has to reach the device again:
 - `strict` reads weights when a program is compiled (`reload_reads_new_weights = false`,
   CONTRACTS §2.6), so every update recompiles all 8·L programs: `compiles_per_update = 8·L`.
-  The trainer compares `compile_count() + compiles_per_update` with the profile's budget and
-  restarts itself (checkpoint + `os.execv`) before a compile would raise.
+  The trainer compares `compile_count() + compiles_per_update` with the profile's budget (115
+  cold compiles in `strict`, §2.7) and restarts itself (checkpoint + `os.execv`) before a
+  compile would raise: a 2-layer model (16 per update) restarts about every 6 updates,
+  a 12-layer one (96 per update) before every update.
 - a profile whose reloads read rewritten blobs gets the cheaper path: the new blobs are
   written into the program's compile folder (`device.rewrite_weight`), then unload + load.
   No compile: `compiles_per_update = 0`.

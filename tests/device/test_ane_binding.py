@@ -34,7 +34,7 @@ def test_import_loads_nothing():
     code = """
 import ctypes, json, os, sys
 import numpy, anelm.device.base
-import platform, shutil, subprocess, threading, weakref  # stdlib the backend uses: part of the baseline
+import platform, shutil, subprocess, threading, weakref, collections, hashlib  # stdlib the backend uses: part of the baseline
 opened = []
 _init = ctypes.CDLL.__init__
 def spy(self, name, *a, **k):
@@ -43,9 +43,9 @@ def spy(self, name, *a, **k):
 ctypes.CDLL.__init__ = spy
 maps = lambda: {l.split()[-1] for l in open('/proc/self/maps') if '.so' in l} if os.path.exists('/proc/self/maps') else set()
 before = maps()
-import anelm.device.ane as ane, anelm.device.objc as objc, anelm.device.machine
+import anelm.device.ane as ane, anelm.device.objc as objc, anelm.device.machine, anelm.device.selftest
 print(json.dumps({"opened": opened, "new_libs": sorted(maps() - before), "loaded": objc.loaded(),
-                  "framework": ane._fw is not None}))
+                  "framework": ane.ane_framework.loaded()}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     state = json.loads(out.stdout)
@@ -112,7 +112,7 @@ def test_every_message_send_matches_its_selector():
     for sel, (cls, _, _, argtypes) in ane.PRIVATE_CALLS.items():
         assert sel.count(":") == len(argtypes) and cls in ane.CLASSES, sel
     private_used, checked = set(), 0
-    for path in (SRC / "ane.py", SRC / "objc.py"):
+    for path in (SRC / "ane.py", SRC / "ane_framework.py", SRC / "objc.py"):
         for call in _send_calls(path):
             if len(call.args) < 2 or not isinstance(call.args[1], ast.Constant):
                 continue  # the generic definitions themselves

@@ -134,15 +134,17 @@ def test_compiles_per_layer_and_bucket_not_per_token(models):
 
 
 def test_size_plan_fits_the_compile_budget():
-    gpt2 = plan_sizes(12, 1024, 119)
-    assert gpt2.prefill == (16, 64, 256, 1024) and gpt2.decode == (64, 128, 256, 512, 1024)
-    assert gpt2.max_compiles <= 119 - 8 and gpt2.bucket(32) == 64 and gpt2.tier(64) == 128
-    deep = plan_sizes(28, 4096, 119)  # Qwen3-0.6B's depth: 3 programs per layer
+    budget = STRICT.compile_budget
+    assert budget == 115
+    gpt2 = plan_sizes(12, 1024, budget)
+    assert gpt2.prefill == (16, 64, 256, 1024) and gpt2.decode == (64, 128, 256, 1024)
+    assert gpt2.max_compiles == 96 <= budget - 8 and gpt2.bucket(32) == 64 and gpt2.tier(64) == 128
+    deep = plan_sizes(28, 4096, budget)  # Qwen3-0.6B's depth: 3 programs per layer
     assert deep.prefill == (16, 1024) and deep.decode == (4096,) and deep.max_compiles == 84
-    tiny = plan_sizes(2, 64, 119)
+    tiny = plan_sizes(2, 64, budget)
     assert tiny.prefill == (16, 32, 64) and tiny.decode == (64,)
     with pytest.raises(Exception, match="compile budget"):
-        plan_sizes(60, 1024, 119)
+        plan_sizes(60, 1024, budget)
 
 
 def test_context_is_enforced(models):
