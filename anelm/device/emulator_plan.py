@@ -19,6 +19,7 @@ from ..errors import BlobError, CompileError, ShapeError
 from ..ir.ops import OP_TABLE, full_params, raw_compute
 from ..ir.ops_common import dims
 from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var, storage_dtype
+from .emulator_accum import accumulated
 from .fp16 import round_fp16, round_fp16_owned
 from .profile import ChipProfile
 
@@ -233,7 +234,8 @@ class _Builder:
         except ShapeError as e:
             raise ShapeError(f"node '{node}': {e}") from None
         self.check_types(st, node, tensors, params)
-        step = Step(node, st.op, raw_compute(op), tensors, params,
+        compute = accumulated(st.op, raw_compute(op), st.results[0][0].dtype, self.profile)
+        step = Step(node, st.op, compute, tensors, params,
                     [(n, self.rounder(st.op, tensors, t.dtype)) for t, n in st.results])
         for t, n in st.results:
             self.plan.types[n] = t

@@ -39,6 +39,9 @@ class ChipProfile:
     compile_budget: int = 119
     compute_dtype: str = "fp16"
     cast_only_at_boundary: bool = True
+    # --- the conv/matmul accumulator (strict §2.9) ---
+    accumulator_limit: float | None = 32768  # |result| >= limit is +-inf; None: no limit
+    accumulator: str = "fp32"  # "fp32", or "q15.16": fixed point, LSB 2^-16, partial sums limited
     # --- peer-reported switches, off in strict ---
     single_input_only: bool = False  # maderix: multi-input requests give 0x1d
     reject_reduce_mean: bool = False  # Espresso authors: no reduce_mean in raw MIL
