@@ -17,6 +17,7 @@ from typing import Callable
 from ..device.profile import ChipProfile
 from .harness import Harness, Observation, Probe, run_probe
 from .milgen import const, op, program
+from .probes_accum import accumulator_probes
 from .probes_io import io_probes
 from .probes_kernels import kernel_probes
 from .probes_ops import X, expect_ops, op_probes
@@ -51,7 +52,7 @@ def budget_probe() -> Probe:
 
 
 def all_probes(budget: bool = False) -> list[Probe]:
-    probes = op_probes() + io_probes() + semantic_probes() + kernel_probes()
+    probes = op_probes() + io_probes() + semantic_probes() + accumulator_probes() + kernel_probes()
     return probes + [budget_probe()] if budget else probes
 
 
@@ -65,7 +66,7 @@ def select(names: list[str] | None, budget: bool = False) -> list[Probe]:
         from ..errors import UsageError  # noqa: PLC0415
 
         raise UsageError(f"--probe {' '.join(names)}: no such probe; expected a name or prefix such as "
-                         "'op.', 'bind.', 'io.', 'sem.', 'kernel.'")
+                         "'op.', 'bind.', 'io.', 'sem.', 'acc.', 'kernel.'")
     return picked
 
 
