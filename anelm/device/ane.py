@@ -25,6 +25,7 @@ from ..errors import DeviceError
 from . import objc
 from .base import Device, Surface, charge_compile
 from .objc import BOOL, ERROR_OUT, ID, Id
+from .overflow import output_overflow
 from .profile import STRICT, ChipProfile
 
 FRAMEWORK_DIR = "/System/Library/PrivateFrameworks/AppleNeuralEngine.framework"
@@ -156,9 +157,9 @@ class AneModel:
     (also on `device.close()` or when the handle is dropped) frees the objects and the folder.
     """
 
-    def __init__(self, fw: _Framework, ptr: int, descriptor: int, hex_id: str, folder: Path):
+    def __init__(self, fw: _Framework, ptr: int, descriptor: int, hex_id: str, folder: Path, mil_text: str = ""):
         self._fw, self.ptr, self._descriptor, self.hex_id, self.folder = fw, ptr, descriptor, hex_id, folder
-        self.loaded = False
+        self.loaded, self.mil_text = False, mil_text  # the text names the outputs for the §8 check
 
     @property
     def released(self) -> bool:
@@ -268,7 +269,7 @@ class AneDevice(Device):
                 raise DeviceError("_ANEInMemoryModel hexStringIdentifier returned nil")
             folder = Path(rt.temporary_directory()) / hex_id
             _acquire_folder(folder)
-            handle = AneModel(self._fw, rt.retain(model), rt.retain(desc), hex_id, folder)
+            handle = AneModel(self._fw, rt.retain(model), rt.retain(desc), hex_id, folder, mil_text)
             try:
                 populate_folder(folder, mil_text, weights)
                 # Charged before the call: the compiler's leak happens whether or not it succeeds.
@@ -318,7 +319,7 @@ class AneDevice(Device):
             if not self._fw.send(m.ptr, "loadWithQoS:options:error:", QOS, rt.ns({}), byref(err)):
                 raise rt.error_from("loadWithQoS", err)
 
-    def evaluate(self, model: AneModel, inputs: list[Surface], outputs: list[Surface]) -> None:
+    def evaluate(self, model: AneModel, inputs: list[Surface], outputs: list[Surface], watch: bool = False):
         m = self._own(model)
         if not m.loaded:
             raise DeviceError("evaluate: the model is not loaded; call device.load(model) first")
@@ -339,6 +340,7 @@ class AneDevice(Device):
             # training loops ignore it; we do not (bad surface sizes fail here, status 0x1d).
             if not self._fw.send(m.ptr, "evaluateWithQoS:options:request:error:", QOS, rt.ns({}), req, byref(err)):
                 raise rt.error_from("evaluateWithQoS", err)
+        return output_overflow(m, self.profile, inputs, outputs) if watch else None  # outputs only: §8
 
     def unload(self, model: AneModel) -> None:
         m = self._own(model)
