@@ -28,6 +28,7 @@ from ..errors import DeviceError
 from . import ane_framework
 from .ane_framework import CLASSES, FRAMEWORK, FRAMEWORK_DIR, PRIVATE_CALLS, IOSurfaceBacked  # noqa: F401
 from .base import Device, Surface, charge_compile
+from .overflow import output_overflow
 from .profile import STRICT, ChipProfile
 
 LOAD_RETRY_DELAY_S = 0.1  # maderix's bridge retries a failed load once after 100 ms
@@ -112,6 +113,10 @@ class AneModel:
         self.mil, self.weights = mil, dict(weights)
         self.loaded = self.compiled = False
         self._requests: OrderedDict = OrderedDict()  # surface ids -> (request, surfaces)
+
+    @property
+    def mil_text(self) -> str:  # names the outputs for the §8 overflow check
+        return self.mil.decode("utf-8")
 
     @property
     def released(self) -> bool:
@@ -230,7 +235,7 @@ class AneDevice(Device):
         populate_folder(m.folder, m.mil, m.weights)
         self._fw.load(m.ptr)
 
-    def evaluate(self, model: AneModel, inputs: list[Surface], outputs: list[Surface]) -> None:
+    def evaluate(self, model: AneModel, inputs: list[Surface], outputs: list[Surface], watch: bool = False):
         m = self._own(model)
         if not m.loaded:
             raise DeviceError("evaluate: the model is not loaded; call device.load(model) first")
@@ -240,6 +245,7 @@ class AneDevice(Device):
                     raise DeviceError(f"{kind} surface {i} is a {type(s).__name__}; "
                                       "the ANE reads only surfaces from AneDevice.new_surface()")
         self._fw.evaluate(m.ptr, m.request(list(inputs), list(outputs)))
+        return output_overflow(m, self.profile, inputs, outputs) if watch else None  # outputs only: §8
 
     def unload(self, model: AneModel) -> None:
         m = self._own(model)

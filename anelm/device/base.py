@@ -131,8 +131,12 @@ class Device(ABC):
     def load(self, model) -> None: ...
 
     @abstractmethod
-    def evaluate(self, model, inputs: list[Surface], outputs: list[Surface]) -> None:
-        """Run once. Surfaces bind by position in the profile's binding order."""
+    def evaluate(self, model, inputs: list[Surface], outputs: list[Surface], watch: bool = False):
+        """Run once. Surfaces bind by position in the profile's binding order.
+
+        With `watch`, returns an `overflow.Overflow` naming where a result first came out inf
+        or NaN from finite inputs (CONTRACTS §8), or None; without, always None (no cost).
+        """
 
     @abstractmethod
     def unload(self, model) -> None: ...

@@ -29,6 +29,7 @@ from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
 from .emulator_plan import Plan, Resolver, build_plan
 from .emulator_surface import ShadowedSurface
+from .overflow import Overflow
 from .profile import STRICT, ChipProfile
 
 BAD_REQUEST = 0x1d  # the status the hardware returns for a request it refuses
@@ -131,7 +132,8 @@ class Emulator(Device):
         return folder
 
     # --- requests ---------------------------------------------------------------------------
-    def evaluate(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface]) -> None:
+    def evaluate(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface],
+                 watch: bool = False) -> Overflow | None:
         if not model.loaded:
             raise DeviceError("evaluate on a model that is not loaded; call load() first", code=BAD_REQUEST)
         self._check_request(model, inputs, outputs)
@@ -142,7 +144,8 @@ class Emulator(Device):
                 exact.add(name)
             else:
                 arrays[name] = read_packed(s, t)
-        results = model.plan.run(arrays, exact)
+        found: list[Overflow] = []
+        results = model.plan.run(arrays, exact, overflow=found if watch else None)
         rounded = self.profile.compute_dtype == "fp16"  # every result is an fp16 value already
         # A result whose memory is this evaluation's own (not an input's, a const's or another
         # output's) becomes its output surface's content as it is, without a copy.
@@ -156,6 +159,7 @@ class Emulator(Device):
                     s.write_half(r, exact=rounded)
             else:
                 write_packed(s, results[name], t)
+        return found[0] if found else None
 
     def _check_request(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface]) -> None:
         p = self.profile

@@ -19,7 +19,9 @@ from ..errors import BlobError, CompileError, ShapeError
 from ..ir.ops import OP_TABLE, full_params, raw_compute
 from ..ir.ops_common import dims
 from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var, storage_dtype
-from .fp16 import round_fp16, round_fp16_owned
+from .emulator_accum import accumulated
+from .fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted
+from .overflow import Overflow
 from .profile import ChipProfile
 
 Resolver = Callable[[str], bytes]
@@ -45,16 +47,37 @@ def make_rounder(dtype: str, profile: ChipProfile, owned: bool = False) -> Calla
             return base
 
         def saturating(a):
-            r = base(a)
-            # Q.4x16 activations: magnitudes past the limit saturate to +-inf
-            big = np.abs(r) > limit
-            r[big] = np.copysign(np.float32(np.inf), r[big])
-            return r
+            return _saturate(base(a), limit)
         return saturating
     if dtype == "string":
         return lambda a: a
     target = storage_dtype(dtype)
     return lambda a: np.asarray(a).astype(target)
+
+
+def _saturate(r: np.ndarray, limit: float) -> np.ndarray:
+    # Q.4x16 activations: magnitudes past the limit saturate to +-inf
+    big = np.abs(r) > limit
+    r[big] = np.copysign(np.float32(np.inf), r[big])
+    return r
+
+
+def make_checked_rounder(dtype: str, profile: ChipProfile) -> Callable[[Any], tuple[Any, bool]]:
+    """make_rounder(owned=True) that also says whether every result is finite. Only fp16 compute
+    is watched (CONTRACTS §8 is about fp16 overflow); the rounding pass counts the non-finite
+    values, so a clean result costs one extra read of memory still in cache."""
+    if dtype not in FLOAT_DTYPES or profile.compute_dtype != "fp16":
+        plain = make_rounder(dtype, profile, owned=True)
+        return lambda a: (plain(a), True)
+    limit = profile.saturate_above
+
+    def checked(a):
+        r, bad = round_fp16_owned_counted(a)
+        if limit is not None:
+            r = _saturate(r, limit)
+            bad = bad or int(np.count_nonzero(np.isinf(r)))
+        return r, bad == 0
+    return checked
 
 
 # ops whose results are some of their operand's values, rearranged (no arithmetic)
@@ -63,6 +86,10 @@ MOVEMENT_OPS = frozenset({"reshape", "transpose", "slice_by_size", "slice_by_ind
 
 def _unchanged(a: Any) -> Any:
     return a
+
+
+def _finite_unchanged(a: Any) -> tuple[Any, bool]:
+    return a, True  # rearranged values: a non-finite one was already so in the operand
 
 
 def _as_f32(a: Any) -> np.ndarray:
@@ -88,6 +115,7 @@ class Step:
     params: dict[str, Any]
     outs: list[tuple[str, Callable]]  # result name, rounder
     free: list[str] = field(default_factory=list)  # values last read here: dropped after the step
+    checked: list[Callable] = field(default_factory=list)  # per result: rounder -> (value, all finite)
 
 
 @dataclass
@@ -99,26 +127,65 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     in_round: dict[str, Callable] = field(default_factory=dict)
 
-    def run(self, inputs: dict[str, np.ndarray], exact: set[str] | frozenset = frozenset()) -> dict[str, np.ndarray]:
+    def run(self, inputs: dict[str, np.ndarray], exact: set[str] | frozenset = frozenset(),
+            overflow: list | None = None) -> dict[str, np.ndarray]:
         """Execute on arrays already shaped as declared (rounded here like every value).
 
         Inputs named in `exact` are float32 arrays of fp16 values: they are read, never copied
-        or modified, and skip the rounding when it would change nothing.
+        or modified, and skip the rounding when it would change nothing. With `overflow` (a
+        list), the first op in execution order whose result is inf or NaN although its operands
+        were finite is appended to it as an `Overflow` (CONTRACTS §8).
         """
         env = dict(self.consts)
         for _, name in self.inputs:
             rnd = self.in_round[name]
             env[name] = inputs[name] if name in exact and rnd is round_fp16 else rnd(inputs[name])
+        watch = _Watch() if overflow is not None else None
         with np.errstate(all="ignore"):  # fp16 overflow to inf is the modelled behaviour
             for st in self.steps:
                 args = {k: [env[i] for i in key] if isinstance(key, list) else env[key]
                         for k, key in st.tensors}
                 res = st.fn(args, st.params)
-                for (name, rnd), r in zip(st.outs, res):
-                    env[name] = rnd(r)
+                if watch is None or watch.found is not None:
+                    for (name, rnd), r in zip(st.outs, res):
+                        env[name] = rnd(r)
+                else:
+                    watch.step(st, res, env)
                 for name in st.free:  # keeps the working set to the live values, not the whole run
                     del env[name]
+        if watch is not None and watch.found is not None:
+            overflow.append(watch.found)
         return {name: env[name] for name in self.outputs}
+
+
+class _Watch:
+    """Finds the first op that made a non-finite result from finite operands. The rounding's
+    count says when a result is not finite; only then are the op's operands looked at, and each
+    value found non-finite is remembered, so an inf that spreads is scanned for once."""
+
+    def __init__(self):
+        self.found: Overflow | None = None
+        self.nonfinite: set[str] = set()
+
+    def step(self, st: Step, res, env: dict) -> None:
+        origin = None
+        for (name, _), chk, r in zip(st.outs, st.checked, res):
+            env[name], finite = chk(r)
+            if not finite:
+                self.nonfinite.add(name)
+                origin = origin if origin is not None else self.operands_finite(st, env)
+        if origin:
+            self.found = Overflow(st.op, st.node)
+
+    def operands_finite(self, st: Step, env: dict) -> bool:
+        for key in _keys(st):
+            v = env[key]
+            if key in self.nonfinite:
+                return False
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.isfinite(v).all():
+                self.nonfinite.add(key)
+                return False
+        return True
 
 
 class _Builder:
@@ -233,8 +300,11 @@ class _Builder:
         except ShapeError as e:
             raise ShapeError(f"node '{node}': {e}") from None
         self.check_types(st, node, tensors, params)
-        step = Step(node, st.op, raw_compute(op), tensors, params,
-                    [(n, self.rounder(st.op, tensors, t.dtype)) for t, n in st.results])
+        compute = accumulated(st.op, raw_compute(op), st.results[0][0].dtype, self.profile)
+        step = Step(node, st.op, compute, tensors, params,
+                    [(n, self.rounder(st.op, tensors, t.dtype)) for t, n in st.results],
+                    checked=[_finite_unchanged if self.rounder(st.op, tensors, t.dtype) is _unchanged
+                             else make_checked_rounder(t.dtype, self.profile) for t, _ in st.results])
         for t, n in st.results:
             self.plan.types[n] = t
         if self.foldable(tensors):

@@ -141,3 +141,21 @@ def round_fp16_owned(a: np.ndarray) -> np.ndarray:
     if isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable:
         return round_fp16(a, out=a)
     return round_fp16(a)
+
+
+@numba.njit(nogil=True, cache=True)
+def _count_nonfinite(a: np.ndarray) -> int:
+    bad = np.int64(0)
+    for i in range(a.size):
+        bad += np.int64(not abs(a[i]) <= _MAX)  # inf and NaN both fail the test
+    return bad
+
+
+def round_fp16_owned_counted(a: np.ndarray) -> tuple[np.ndarray, int]:
+    """round_fp16_owned, and how many of the results are inf or NaN (the emulator's fp16
+    overflow diagnostics look further only when that is not 0). The count is a second loop
+    over the result while it is still in cache, about the rounding's own cost again; fused
+    into the rounding loop it vectorises worse and costs twice as much, and the plain rounding
+    serves every evaluation that does not watch for overflow."""
+    r = round_fp16_owned(a)
+    return r, int(_count_nonfinite(r.reshape(-1)))

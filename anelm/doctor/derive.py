@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..device.profile import STRICT, ChipProfile
 from .harness import Observation
+from .probes_accum import CANCEL, CANCEL_PEAK, LIMIT_PROBES, RUNGS, TINY
 from .probes_io import LADDER, WIDTHS
 from .suite import BUDGET_PROBE
 
@@ -56,6 +57,7 @@ def derive_profile(observations: dict[str, Observation] | list[Observation], bas
     _min_surface(out, settle, anomalies)
     _spatial(out, settle)
     _values(out, settle, anomalies)
+    _accumulator(out, settle, anomalies)
     unmeasured = sorted(set(_switches()) - set(measured))
     meta = {**(notes or {}), "measured": sorted(measured), "unmeasured": unmeasured}
     if anomalies:
@@ -134,3 +136,29 @@ def _values(out: dict, settle, anomalies: dict) -> None:
         anomalies["compile.undefined_return"] = "the compiler accepted an undefined returned name"
     if out.get("io.packed_read") not in (None, "ok"):
         anomalies["io.packed_read"] = f"{out['io.packed_read']}: reads are not packed at offset 0"
+
+
+def _accumulator(out: dict, settle, anomalies: dict) -> None:
+    """accumulator_limit from the ladders (the first rung that is inf), accumulator from the
+    precision probes: tiny products dropped, or a partial sum that stuck at inf, mean q15.16."""
+    limits = {p: out[p] for p in LIMIT_PROBES if out.get(p) == "none" or str(out.get(p)).isdigit()}
+    if out.get("sem.saturation") == "saturates" and set(limits.values()) == {str(int(RUNGS[0]))}:
+        limits = {}  # activations saturate below the lowest rung: the limit is hidden behind them
+    limit = "unmeasured"
+    if limits:
+        numbers = [int(v) for v in limits.values() if v != "none"]
+        limit = min(numbers) if numbers else None  # where conv and matmul differ, the lower limit binds
+        if len(set(limits.values())) > 1:
+            anomalies["acc.limit"] = f"conv and matmul disagree: {limits}; the lower one is recorded"
+        settle("accumulator_limit", limit)
+    votes = set()
+    if out.get(TINY) in ("dropped", "kept"):
+        votes.add("q15.16" if out[TINY] == "dropped" else "fp32")
+    if out.get(CANCEL) == "sticky":
+        votes.add("q15.16")
+    elif out.get(CANCEL) == "cancels" and limit not in ("unmeasured", None) and limit <= CANCEL_PEAK:
+        votes.add("fp32")  # the partial sum passed a limit it should have stuck at
+    if len(votes) == 1:
+        settle("accumulator", votes.pop())
+    elif votes:
+        anomalies["acc.precision"] = f"{TINY} {out.get(TINY)} but {CANCEL} {out.get(CANCEL)}: they disagree"

@@ -60,15 +60,19 @@ def _infer_conv(t, p):
     return [tensor(x.dtype, (xs[0], ws[0], *[g_[2] for g_ in geo]))]
 
 
-def _conv(x, p):
-    v, w = x["x"], x["weight"]
+def conv(x, p, conv2d=None):
+    """conv's compute. `conv2d(v, w, bias, p)` does the 2-D arithmetic: by default float32 GEMMs
+    plus the bias; the emulator passes its fixed-point accumulator (device/emulator_accum)."""
+    v, w, bias = x["x"], x["weight"], x.get("bias")
+    conv2d = conv2d or _conv2d_bias
     if v.ndim == 3:  # 1-D conv runs as 2-D with a unit height
-        out = _conv2d(v[:, :, None, :], w[:, :, None, :], {**p, **_as_2d(p)})[:, :, 0, :]
-    else:
-        out = _conv2d(v, w, p)
-    if x.get("bias") is not None:
-        out = out + x["bias"].reshape(1, -1, *([1] * (out.ndim - 2)))
-    return [out]
+        return [conv2d(v[:, :, None, :], w[:, :, None, :], bias, {**p, **_as_2d(p)})[:, :, 0, :]]
+    return [conv2d(v, w, bias, p)]
+
+
+def _conv2d_bias(v, w, bias, p):
+    out = _conv2d(v, w, p)
+    return out if bias is None else out + bias.reshape(1, -1, 1, 1)
 
 
 def _as_2d(p):
@@ -87,19 +91,33 @@ def _conv2d(v, w, p):
             and all(int(s) == 1 for s in as_list(p["strides"] or [1])):
         # the ANE's linear layer: one float32 GEMM over channels, (OC, C) @ (N, C, H*W)
         return np.matmul(w.reshape(oc, c), v.reshape(n, c, h * wd)).reshape(n, oc, h, wd)
-    (lo_h, hi_h, oh, sh, dh), (lo_w, hi_w, ow, sw, dw) = _conv_geometry(v.shape, w.shape, p)
-    vp = np.pad(v, ((0, 0), (0, 0), (lo_h, hi_h), (lo_w, hi_w)))
-    vp = vp.reshape(n, g, c // g, vp.shape[2], vp.shape[3])  # (N, G, C/G, Hp, Wp)
-    wg = w.reshape(g, oc // g, cg, kh, kw)  # (G, OC/G, C/G, KH, KW)
+    (oh, ow), taps = conv_taps(v, w.shape, p)
     out = np.zeros((n, g, oc // g, oh * ow), np.float32)
-    for i in range(kh):
-        for j in range(kw):
-            tap = vp[:, :, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
-            out += np.matmul(wg[:, :, :, i, j], tap.reshape(n, g, c // g, oh * ow))
+    for w_tap, x_tap in taps:
+        out += np.matmul(w_tap(w), x_tap)
     return out.reshape(n, oc, oh, ow)
 
 
-define("conv", ("x", "weight", "bias"), _infer_conv, _conv,
+def conv_taps(v, w_shape, p):
+    """A 2-D conv as one product per kernel tap, in (row, column) order: ((OH, OW), [(w_tap, x_tap)])
+    where `w_tap(w)` is the tap's weights (G, OC/G, C/G) and x_tap the input it multiplies
+    (N, G, C/G, OH*OW); the conv is the sum over taps of w_tap(w) @ x_tap, grouped."""
+    n, c = v.shape[:2]
+    oc, cg, kh, kw = w_shape
+    g = int(p["groups"])
+    (lo_h, hi_h, oh, sh, dh), (lo_w, hi_w, ow, sw, dw) = _conv_geometry(v.shape, w_shape, p)
+    vp = np.pad(v, ((0, 0), (0, 0), (lo_h, hi_h), (lo_w, hi_w)))
+    vp = vp.reshape(n, g, c // g, vp.shape[2], vp.shape[3])  # (N, G, C/G, Hp, Wp)
+    taps = []
+    for i in range(kh):
+        for j in range(kw):
+            tap = vp[:, :, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+            taps.append((lambda w, i=i, j=j: w.reshape(g, oc // g, cg, kh, kw)[:, :, :, i, j],  # (G, OC/G, C/G)
+                         tap.reshape(n, g, c // g, oh * ow)))
+    return (oh, ow), taps
+
+
+define("conv", ("x", "weight", "bias"), _infer_conv, conv,
        params={"strides": None, "pad_type": "valid", "pad": None, "dilations": None, "groups": 1},
        optional=("bias",), const_inputs=("weight",))
 
@@ -132,16 +150,17 @@ def _infer_matmul(t, p):
     return [tensor(dtype, out)]
 
 
-def _matmul(x, p):
+def matmul(x, p, mm=np.matmul):
+    """matmul's compute; `mm` multiplies (the emulator passes its accumulator's product)."""
     a, b = x["x"], x["y"]
     if p["transpose_x"] and a.ndim >= 2:
         a = np.swapaxes(a, -1, -2)
     if p["transpose_y"] and b.ndim >= 2:
         b = np.swapaxes(b, -1, -2)
-    return [np.matmul(a, b)]
+    return [mm(a, b)]
 
 
-define("matmul", ("x", "y"), _infer_matmul, _matmul,
+define("matmul", ("x", "y"), _infer_matmul, matmul,
        params={"transpose_x": False, "transpose_y": False})
 
 # ----------------------------------------------------------------------------- attention
@@ -167,17 +186,18 @@ def _infer_sdpa(t, p):
     return [tensor(t["query"].dtype, q[:-1] + (v[-1],))]
 
 
-def _sdpa(x, p):
+def sdpa(x, p, mm=np.matmul):
+    """scaled_dot_product_attention's compute; `mm` does its two products (q·kᵀ, then p·v)."""
     q, k, v = x["query"], x["key"], x["value"]
-    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * np.float32(1.0 / math.sqrt(q.shape[-1]))
+    scores = mm(q, np.swapaxes(k, -1, -2)) * np.float32(1.0 / math.sqrt(q.shape[-1]))
     mask = x.get("attn_mask")
     if mask is not None:
         # iOS18 semantics: a bool mask keeps positions where true; a float mask is added
         scores = np.where(mask, scores, np.float32(-np.inf)) if mask.dtype == np.bool_ else scores + mask
     scores = scores - scores.max(axis=-1, keepdims=True)
     e = np.exp(scores)
-    return [np.matmul(e / e.sum(axis=-1, keepdims=True), v).astype(np.float32)]
+    return [np.asarray(mm(e / e.sum(axis=-1, keepdims=True), v), np.float32)]
 
 
-define("scaled_dot_product_attention", ("query", "key", "value", "attn_mask"), _infer_sdpa, _sdpa,
+define("scaled_dot_product_attention", ("query", "key", "value", "attn_mask"), _infer_sdpa, sdpa,
        optional=("attn_mask",))

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..device.base import Device, Surface
 from ..device.fp16 import round_fp16, write_fp16_columns
+from ..device.overflow import warn_overflow, warned
 from ..errors import ShapeError
 from ..mil.program import storage_dtype
 from .cache import ProgramCache, program_cache
@@ -61,8 +62,11 @@ class Kernel:
     """A compiled program with its surfaces; callable with numpy arrays."""
 
     def __init__(self, artifact, device: Device, cache: ProgramCache | None = None,
-                 float32_outputs: bool = False):
+                 float32_outputs: bool = False, warn_overflow: bool = True):
         self.artifact, self.device = artifact, device
+        # CONTRACTS §8: the first fp16 overflow is named on stderr, once per kernel name; off
+        # for kernels where overflow is expected (training's dx kernels, under loss scaling)
+        self.warn_overflow = warn_overflow
         # fp16 outputs as float32 arrays of the same values: what numpy callers compute with
         # anyway, and on the emulator it skips a float16 cast each way
         self.float32_outputs = float32_outputs
@@ -73,6 +77,7 @@ class Kernel:
         self.outputs = _ordered(sig.outputs, p.bind_outputs_alphabetically)
         self._declared_outputs = [s.name for s in sig.outputs]
         meta = getattr(artifact, "meta", None) or {}
+        self.name = meta.get("name") or f"kernel {artifact.key()[:12]}"  # the name it was compiled with
         # io_naming may have prefixed MIL names for binding order; callers keep their names
         self._user = dict(meta.get("aliases", {}))  # mil name -> user name
         self._mil = {u: m for m, u in self._user.items()}
@@ -114,8 +119,11 @@ class Kernel:
         return self.run(arrays)
 
     def _evaluate(self, in_surfaces: list[Surface]) -> dict[str, np.ndarray]:
+        watch = self.warn_overflow and not warned(self.name)  # nothing to look for once it has warned
         with self._lock:  # output surfaces are shared: evaluate and read back as one step
-            self.device.evaluate(self.model, in_surfaces, self._out_surfaces)
+            found = self.device.evaluate(self.model, in_surfaces, self._out_surfaces, watch=watch)
+            if watch and found is not None:
+                warn_overflow(self.name, found)
             got = {}
             for spec, s in zip(self.outputs, self._out_surfaces):
                 if self.float32_outputs and spec.dtype == "fp16":

@@ -22,7 +22,12 @@ from ..compiler.pipeline import compile_graph
 from ..device.fp16 import round_fp16
 from ..errors import CompileError
 from ..runtime.kernel import Kernel, Request
-from .kernels import WEIGHTED, WEIGHTLESS, Dims, build_graph, graph_flops, layer_mats, layouts
+from .kernels import BACKWARD, WEIGHTED, WEIGHTLESS, Dims, build_graph, graph_flops, layer_mats, layouts
+
+
+# The backward kernels: their overflow is what dynamic loss scaling expects (the scaler skips
+# the step and lowers the scale), so it is not warned per kernel (CONTRACTS §8).
+DX_KINDS = frozenset(BACKWARD) | {"sdpa_bwd"}
 
 
 class KernelBank:
@@ -46,7 +51,7 @@ class KernelBank:
         if got != want:  # the bank reads outputs by these names
             raise CompileError(kind, f"outputs were renamed to {got}", f"declare {want} alphabetically")
         self.flops[kind] = graph_flops(graph)
-        kern = Kernel(art, self.device, cache=cache, float32_outputs=True)
+        kern = Kernel(art, self.device, cache=cache, float32_outputs=True, warn_overflow=kind not in DX_KINDS)
         self._kernels.append(kern)
         return kern
 

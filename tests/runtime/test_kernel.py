@@ -36,9 +36,9 @@ class Recording(Emulator):
         super().__init__(profile)
         self.seen = []
 
-    def evaluate(self, model, inputs, outputs):
+    def evaluate(self, model, inputs, outputs, watch=False):
         self.seen.append(([s.nbytes for s in inputs], [s.nbytes for s in outputs]))
-        super().evaluate(model, inputs, outputs)
+        return super().evaluate(model, inputs, outputs, watch)
 
 
 def test_run_binds_by_name_and_returns_declared_dtype_shape_order():

@@ -1,0 +1,82 @@
+"""fp16 overflow diagnostics (CONTRACTS §8): the first op whose result overflowed, once per kernel.
+
+A device's `evaluate(..., watch=True)` returns an `Overflow` when a result came out inf or NaN
+from finite operands: the emulator names the first such op in execution order (it sees every
+op result as it rounds it); the ANE backend sees only what it reads back, so it names the
+output (`op` is "output"). `runtime.Kernel` watches until its kernel has warned and prints
+
+    anelm: warning: fp16 overflow in kernel <kernel>, <op> '<node>'
+
+to stderr once per kernel name and process run. The line is written here, directly, rather
+than through `warnings.warn`: Python's warning filters would show it once per call site, not
+per kernel, and a filter set by a caller could hide it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+
+_lock = threading.Lock()
+_warned: set[str] = set()  # kernel names that have warned in this process
+
+
+@dataclass(frozen=True)
+class Overflow:
+    op: str  # the MIL op, or "output" where only the outputs are seen
+    node: str  # its node name (the output's name)
+
+
+def warned(kernel: str) -> bool:
+    return kernel in _warned
+
+
+def warn_overflow(kernel: str, where: Overflow) -> bool:
+    """Print the §8 line for `kernel` unless it has been printed already; True when printed."""
+    with _lock:
+        if kernel in _warned:
+            return False
+        _warned.add(kernel)
+    print(f"anelm: warning: fp16 overflow in kernel {kernel}, {where.op} '{where.node}'", file=sys.stderr, flush=True)
+    return True
+
+
+def reset_overflow_warnings() -> None:
+    """For tests: as a fresh process starts, no kernel has warned."""
+    with _lock:
+        _warned.clear()
+
+
+def output_overflow(model, profile, inputs: list, outputs: list) -> Overflow | None:
+    """For a device that sees only its surfaces (the ANE): the first output, in binding order,
+    holding inf or NaN while every float input was finite. `model.mil_text` gives the names and
+    dtypes, parsed once per model."""
+    io = getattr(model, "io_types", None)
+    if io is None:
+        io = model.io_types = _io_types(model.mil_text, profile)
+    ins, outs = io
+    bad = next((name for (name, t), s in zip(outs, outputs) if _nonfinite(s, t)), None)
+    if bad is None or any(_nonfinite(s, t) for (_, t), s in zip(ins, inputs)):
+        return None
+    return Overflow("output", bad)
+
+
+def _io_types(mil_text: str, profile) -> tuple[list, list]:
+    from ..mil.parser import parse  # noqa: PLC0415 - lark loads on first use
+
+    func = parse(mil_text).main
+    types = func.result_types()
+    ins, outs = [n for _, n in func.inputs], list(func.outputs)
+    ins = sorted(ins) if profile.bind_inputs_alphabetically else ins
+    outs = sorted(outs) if profile.bind_outputs_alphabetically else outs
+    return [(n, types[n]) for n in ins], [(n, types[n]) for n in outs]
+
+
+def _nonfinite(surface, t) -> bool:
+    import numpy as np  # noqa: PLC0415
+
+    if t.dtype not in ("fp16", "fp32"):
+        return False
+    values = surface.read(t.nbytes).view(np.float16 if t.dtype == "fp16" else np.float32)
+    return not np.isfinite(values).all()
