@@ -1,22 +1,7 @@
-"""Shared test fixtures.
-
-`../shared` (beside the repo) holds external fixtures: MIL conformance programs and real
-tokenizer files. It is not part of a user's clone, so tests that read it skip with a reason.
-"""
-
-from pathlib import Path
+"""Fixtures and settings for the whole suite. Helpers that tests import live in helpers.py:
+a `conftest` module is not importable by name once two folders have one."""
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-
-
-def shared_path(*parts: str) -> Path:
-    p = SHARED.joinpath(*parts)
-    if not p.exists():
-        pytest.skip(f"{p} is absent: ../shared (external fixtures) is not part of a user's clone")
-    return p
 
 
 @pytest.fixture(autouse=True)
