@@ -1,7 +1,23 @@
 """Fixtures and settings for the whole suite. Helpers that tests import live in helpers.py:
 a `conftest` module is not importable by name once two folders have one."""
 
+import os
+import shutil
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config):
+    """The suite caches into a temporary folder, never ~/.cache or the package (CONTRACTS §1).
+    Set before any test module imports anelm, which then points numba's cache under it; the
+    `python -m anelm` subprocesses of the CLI tests inherit both."""
+    os.environ["ANELM_CACHE_DIR"] = tempfile.mkdtemp(prefix="anelm-test-cache-")
+    os.environ.pop("NUMBA_CACHE_DIR", None)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(os.environ.pop("ANELM_CACHE_DIR"), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -18,12 +18,12 @@ inputs and the same windows shifted by one as targets.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .. import caches
 from ..atomic import atomic_open
 from .corpus import EOT, generate_corpus
 from .errors import DataError
@@ -155,7 +155,7 @@ def _chunks(text: str) -> list[str]:
 # --------------------------------------------------------------------- the token cache
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("ANELM_CACHE_DIR", Path.home() / ".cache" / "anelm")) / "tokens"
+    return caches.cache_dir("tokens")
 
 
 def _write_atomic(path: Path, arr: np.ndarray) -> None:
