@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,12 @@ class Dataset:
     source: str                   # what --data named, for messages and config.json
     tokenizer: object = None      # None for a .bin given without one
     tokenizer_path: Path | None = None  # tokenizer.json written into the run, if trained
+
+    @cached_property
+    def entropy(self) -> float:
+        """The unigram entropy of all its tokens, in nats: the bar a model must beat, which the
+        run's last line and loss.png compare the loss against."""
+        return unigram_entropy(self.tokens)
 
     @property
     def train(self) -> np.ndarray:
