@@ -98,6 +98,7 @@ def loss_figure(recs: list[dict], reference: float | None = None):
     is drawn as a labelled horizontal line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # no pyplot: no global state, safe off the main thread
+    from matplotlib.ticker import LogFormatter
 
     train = [(r["step"], r["loss"]) for r in recs if r.get("loss") is not None]
     evals = [(r["step"], r["eval_loss"]) for r in recs if r.get("eval_loss") is not None]
@@ -112,6 +113,9 @@ def loss_figure(recs: list[dict], reference: float | None = None):
         ax.axhline(reference, color="grey", ls="--", lw=1,
                    label=f"corpus unigram entropy ({reference:.2f} nats)")
     ax.set_yscale("log")
+    # plain numbers ("2", "0.9") at the decades and at the subdivisions it labels, not 2×10⁰
+    ax.yaxis.set_major_formatter(LogFormatter())
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats, log scale)")
     ax.grid(alpha=0.3, which="both")
