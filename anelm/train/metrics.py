@@ -98,7 +98,7 @@ def loss_figure(recs: list[dict], reference: float | None = None):
     is drawn as a labelled horizontal line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # no pyplot: no global state, safe off the main thread
-    from matplotlib.ticker import LogFormatter
+    from matplotlib.ticker import LogFormatter, MaxNLocator
 
     train = [(r["step"], r["loss"]) for r in recs if r.get("loss") is not None]
     evals = [(r["step"], r["eval_loss"]) for r in recs if r.get("eval_loss") is not None]
@@ -116,6 +116,7 @@ def loss_figure(recs: list[dict], reference: float | None = None):
     # plain numbers ("2", "0.9") at the decades and at the subdivisions it labels, not 2×10⁰
     ax.yaxis.set_major_formatter(LogFormatter())
     ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats, log scale)")
     ax.grid(alpha=0.3, which="both")
