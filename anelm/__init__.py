@@ -13,4 +13,8 @@ Data flow, one package per stage:
     cli/       `anelm ...`
 """
 
+from .caches import send_numba_caches_here
+
 __version__ = "0.1.0"
+
+send_numba_caches_here()  # before any module compiles a numba loop (see caches.py)

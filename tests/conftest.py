@@ -1,22 +1,23 @@
-"""Shared test fixtures.
+"""Fixtures and settings for the whole suite. Helpers that tests import live in helpers.py:
+a `conftest` module is not importable by name once two folders have one."""
 
-`../shared` (beside the repo) holds external fixtures: MIL conformance programs and real
-tokenizer files. It is not part of a user's clone, so tests that read it skip with a reason.
-"""
-
-from pathlib import Path
+import os
+import shutil
+import tempfile
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+
+def pytest_configure(config):
+    """The suite caches into a temporary folder, never ~/.cache or the package (CONTRACTS §1).
+    Set before any test module imports anelm, which then points numba's cache under it; the
+    `python -m anelm` subprocesses of the CLI tests inherit both."""
+    os.environ["ANELM_CACHE_DIR"] = tempfile.mkdtemp(prefix="anelm-test-cache-")
+    os.environ.pop("NUMBA_CACHE_DIR", None)
 
 
-def shared_path(*parts: str) -> Path:
-    p = SHARED.joinpath(*parts)
-    if not p.exists():
-        pytest.skip(f"{p} is absent: ../shared (external fixtures) is not part of a user's clone")
-    return p
+def pytest_unconfigure(config):
+    shutil.rmtree(os.environ.pop("ANELM_CACHE_DIR"), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,10 @@ F16_MAX = 65504.0
 _EXP = np.uint32(0x7F800000)
 _SIGN = np.uint32(0x80000000)
 _MIN_EXP = np.uint32(113 << 23)  # 2**-14, the smallest normal fp16: below it the grid is fixed
+# 2**16, the first binade wholly past fp16's range: above it C would leave float32 (at 2**115,
+# 2**128 * 1.5 is a NaN pattern; higher, the exponent carries into the sign), and any C this
+# large or larger rounds those values to something that overflows anyway
+_MAX_EXP = np.uint32(143 << 23)
 _SHIFT = np.uint32((13 << 23) | 0x400000)  # 2**13 times the value's binade, times 1.5
 _MAX = np.float32(F16_MAX)
 _INF = np.float32(np.inf)
@@ -30,14 +34,14 @@ def _rounded(x: np.float32) -> np.float32:
     """x rounded to fp16.
 
     Adding then subtracting C = 1.5 * 2**(e + 13), where 2**e is the value's binade (never
-    below 2**-14), leaves the sum in a binade whose float32 ulp is the fp16 ulp at e, so the
+    below 2**-14, never above 2**16), leaves the sum in a binade whose float32 ulp is the fp16 ulp at e, so the
     float32 adder does the rounding, ties to even included (C is an even number of those ulps),
     and fp16 subnormals come out on their fixed 2**-24 grid. The sign is copied back afterwards
     so that values rounding to zero keep theirs. inf and NaN pass through the add unchanged;
     values past the fp16 range become +-inf.
     """
     bits = np.float32(x).view(np.uint32)
-    c = np.uint32(max(bits & _EXP, _MIN_EXP) + _SHIFT).view(np.float32)
+    c = np.uint32(min(max(bits & _EXP, _MIN_EXP), _MAX_EXP) + _SHIFT).view(np.float32)
     y = (x + c) - c
     if abs(y) > _MAX:
         y = _INF

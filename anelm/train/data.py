@@ -18,12 +18,13 @@ inputs and the same windows shifted by one as targets.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
+from .. import caches
 from ..atomic import atomic_open
 from .corpus import EOT, generate_corpus
 from .errors import DataError
@@ -155,7 +156,7 @@ def _chunks(text: str) -> list[str]:
 # --------------------------------------------------------------------- the token cache
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("ANELM_CACHE_DIR", Path.home() / ".cache" / "anelm")) / "tokens"
+    return caches.cache_dir("tokens")
 
 
 def _write_atomic(path: Path, arr: np.ndarray) -> None:
@@ -200,6 +201,12 @@ class Dataset:
     source: str                   # what --data named, for messages and config.json
     tokenizer: object = None      # None for a .bin given without one
     tokenizer_path: Path | None = None  # tokenizer.json written into the run, if trained
+
+    @cached_property
+    def entropy(self) -> float:
+        """The unigram entropy of all its tokens, in nats: the bar a model must beat, which the
+        run's last line and loss.png compare the loss against."""
+        return unigram_entropy(self.tokens)
 
     @property
     def train(self) -> np.ndarray:

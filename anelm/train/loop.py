@@ -225,7 +225,7 @@ class Trainer:
 
     def _plot(self) -> None:
         try:
-            plot_loss(self.s.run)
+            plot_loss(self.s.run, reference=self.s.data.entropy)
         except Exception as e:  # noqa: BLE001 - a plotting failure must not end a training run
             self._say(f"anelm: warning: could not draw loss.png ({type(e).__name__}: {e})")
 
@@ -294,11 +294,9 @@ def sample_text(setup: RunSetup, n_tokens: int, seed: int, temperature: float = 
 
 def summary(setup: RunSetup, outcome: Outcome) -> str:
     """One line: steps, time, final eval loss against the corpus's unigram entropy."""
-    from .data import unigram_entropy
-
     parts = [f"{outcome.steps_done} steps, {outcome.wall_s:.1f} s in this process"]
     if outcome.final_eval_loss is not None:
-        h = unigram_entropy(setup.data.tokens)
+        h = setup.data.entropy
         parts.append(f"final eval loss {outcome.final_eval_loss:.4f} nats vs unigram entropy "
                      f"{h:.4f} nats ({outcome.final_eval_loss / h:.2f}x)")
     parts.append(f"run folder {setup.run}")

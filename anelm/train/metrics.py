@@ -91,13 +91,15 @@ def _write_atomic(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def plot_loss(run_dir: str | Path) -> Path:
-    """Draw train and eval loss from `metrics.jsonl` into `RUN/loss.png`, replaced atomically
-    so a viewer never sees a half-written image."""
+def loss_figure(recs: list[dict], reference: float | None = None):
+    """A matplotlib Figure of train and eval loss from metrics records, on a log loss axis:
+    on a linear one the second half of a run is a flat strip at the bottom. `reference` (the
+    corpus's unigram entropy, which the run's last line compares the final eval loss against)
+    is drawn as a labelled horizontal line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # no pyplot: no global state, safe off the main thread
+    from matplotlib.ticker import LogFormatter, MaxNLocator
 
-    recs = read_metrics(run_dir)
     train = [(r["step"], r["loss"]) for r in recs if r.get("loss") is not None]
     evals = [(r["step"], r["eval_loss"]) for r in recs if r.get("eval_loss") is not None]
     fig = Figure(figsize=(7, 4), dpi=100)
@@ -107,12 +109,27 @@ def plot_loss(run_dir: str | Path) -> Path:
         ax.plot(*zip(*train), lw=1, label="train")
     if evals:
         ax.plot(*zip(*evals), "o-", ms=3, label="eval")
+    if reference is not None and math.isfinite(reference) and reference > 0:
+        ax.axhline(reference, color="grey", ls="--", lw=1,
+                   label=f"corpus unigram entropy ({reference:.2f} nats)")
+    ax.set_yscale("log")
+    # plain numbers ("2", "0.9") at the decades and at the subdivisions it labels, not 2×10⁰
+    ax.yaxis.set_major_formatter(LogFormatter())
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats)")
-    ax.grid(alpha=0.3)
-    if train or evals:
+    ax.set_ylabel("loss (nats, log scale)")
+    ax.grid(alpha=0.3, which="both")
+    if ax.get_lines():
         ax.legend()
     fig.tight_layout()
+    return fig
+
+
+def plot_loss(run_dir: str | Path, reference: float | None = None) -> Path:
+    """Draw `loss_figure` of `RUN/metrics.jsonl` into `RUN/loss.png`, replaced atomically so a
+    viewer never sees a half-written image."""
+    fig = loss_figure(read_metrics(run_dir), reference)
     path = Path(run_dir) / PLOT
     with atomic_open(path) as f:
         fig.savefig(f, format="png")

@@ -16,7 +16,7 @@ from anelm.device.emulator import Emulator, read_packed
 from anelm.device.profile import STRICT
 from anelm.runtime.cache import ProgramCache
 from anelm.runtime.kernel import Kernel
-from conftest import shared_path
+from helpers import shared_path
 
 CASES = ["dyn_matmul", "swiglu_three_outputs", "reduce_max_softmax_channels", "causal_attention_decomposed"]
 

@@ -15,8 +15,6 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-
 COMMON = dict(vocab_size=96, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
 LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, rms_norm_eps=1e-5, **COMMON)
 SPECS = {

@@ -13,7 +13,8 @@ import struct
 import sys
 
 import pytest
-from hf_tiny import SHARED, transformers
+from helpers import shared_path
+from hf_tiny import transformers
 
 from anelm.models.errors import TokenizerError
 from anelm.models.tokenizer import HFTokenizer, load_tokenizer
@@ -33,10 +34,7 @@ TEXTS = [
 
 
 def shared(name: str):
-    p = SHARED / "data" / "tokenizers" / name
-    if not p.exists():
-        pytest.skip(f"{p} is absent: ../shared (external fixtures) is not part of a user's clone")
-    return p
+    return shared_path("data", "tokenizers", name)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from transformers import LlamaConfig as HFLlamaConfig, LlamaForCausalLM
 
 from anelm.train.corpus import write_corpus
-from anelm.train.data import Batcher
+from anelm.train import loop
+from anelm.train.data import Batcher, unigram_entropy
 from anelm.train.errors import TrainError
 from anelm.train.loop import Trainer, sample_text, summary
 from anelm.train.metrics import read_metrics
@@ -153,8 +154,10 @@ def test_updates_match_a_torch_training_loop(tmp_path, data_file):
     assert all(r["loss_scale"] == 1024.0 and r["skipped"] is False for r in recs)
 
 
-def test_metrics_eval_checkpoints_and_plot(tmp_path, data_file):
+def test_metrics_eval_checkpoints_and_plot(tmp_path, data_file, monkeypatch):
     setup = make_setup(tmp_path, data_file, steps=10, keep_last=2)
+    drawn, draw = [], loop.plot_loss
+    monkeypatch.setattr(loop, "plot_loss", lambda run, reference: drawn.append(reference) or draw(run, reference))
     _, out = train(setup)
     recs = read_metrics(setup.run)
     steps = [r for r in recs if "loss" in r]
@@ -171,6 +174,7 @@ def test_metrics_eval_checkpoints_and_plot(tmp_path, data_file):
     ckpts = sorted(p.name for p in (setup.run / "checkpoints").iterdir())
     assert ckpts == ["step-000009.safetensors", "step-000010.safetensors"]  # keep_last=2
     assert (setup.run / "loss.png").stat().st_size > 1000
+    assert drawn and all(r == pytest.approx(unigram_entropy(setup.data.tokens)) for r in drawn)
     assert "unigram entropy" in summary(setup, out)
     cfg = json.loads((setup.run / "config.json").read_text())
     assert cfg["anelm_train"]["steps"] == 10 and cfg["architectures"] == ["LlamaForCausalLM"]

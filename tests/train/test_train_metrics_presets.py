@@ -64,6 +64,21 @@ def test_loss_png_written_and_replaced(tmp_path):
     assert M.plot_loss(tmp_path / "empty").exists()  # no records yet: an empty plot, no error
 
 
+def test_loss_axis_is_log_with_the_entropy_line(tmp_path):
+    log_some(tmp_path, range(1, 30))
+    fig = M.loss_figure(M.read_metrics(tmp_path), reference=4.77)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    ref = [ln for label, ln in lines.items() if "unigram entropy" in label]
+    assert len(ref) == 1 and "4.77 nats" in ref[0].get_label()
+    assert set(ref[0].get_ydata()) == {4.77}  # horizontal, at the entropy
+    assert {"train", "eval"} <= set(lines)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ref[0].get_label() in legend
+    assert M.loss_figure([], reference=None).axes[0].get_lines() == []  # nothing to draw yet
+
+
 def test_progress_bar_on_stderr(monkeypatch):
     err = io.StringIO()
     monkeypatch.setattr(M.sys, "stderr", err)

@@ -1,0 +1,45 @@
+"""The one folder for everything anelm caches (CONTRACTS §1): token caches and numba's
+compiled loops.
+
+It is `$ANELM_CACHE_DIR`, else `$XDG_CACHE_HOME/anelm`, else `~/.cache/anelm`, read when asked
+so a changed environment takes effect. Nothing is written inside the installed package: numba,
+left alone, writes `*.nbi`/`*.nbc` beside the source in `__pycache__`, and when pip later
+removes the package those files keep its folder alive as a namespace package that has no
+`__version__`, which breaks every `anelm` command.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def cache_dir(*parts: str) -> Path:
+    """The cache folder (an absolute path, not created here), or a subfolder of it."""
+    own = os.environ.get("ANELM_CACHE_DIR")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if own:
+        root = Path(own).expanduser()
+    elif xdg and Path(xdg).is_absolute():  # the XDG spec says to ignore a relative one
+        root = Path(xdg) / "anelm"
+    else:
+        root = Path.home() / ".cache" / "anelm"
+    return root.absolute().joinpath(*parts)
+
+
+def send_numba_caches_here() -> None:
+    """Point numba's on-disk cache at `cache_dir("numba")`, unless the user chose a place.
+
+    numba picks a function's cache folder when `@njit(cache=True)` decorates it, from its
+    config, which it reads from the environment at import and again before each compile. So
+    this runs when `anelm` is imported, before any anelm module defines a compiled loop, and
+    refreshes numba's config in case numba was imported first.
+    """
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    os.environ["NUMBA_CACHE_DIR"] = str(cache_dir("numba"))
+    if "numba" in sys.modules:
+        from numba.core import config
+
+        config.reload_config()

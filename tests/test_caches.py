@@ -1,0 +1,44 @@
+"""The one cache folder (CONTRACTS §1): where it is, and that numba's compiled loops go there
+and never into the installed package."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from anelm.caches import cache_dir
+from anelm.train.data import default_cache_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_anelm_cache_dir_then_xdg_then_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path / "own"))
+    assert cache_dir() == tmp_path / "own"
+    monkeypatch.delenv("ANELM_CACHE_DIR")
+    assert cache_dir("numba") == tmp_path / "xdg" / "anelm" / "numba"
+    assert default_cache_dir() == tmp_path / "xdg" / "anelm" / "tokens"  # the token caches too
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")  # not absolute: ignored, as XDG says
+    assert cache_dir() == tmp_path / "home" / ".cache" / "anelm"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("ANELM_CACHE_DIR", "")  # empty is unset
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "anelm" / "tokens"
+
+
+def test_numba_caches_go_to_the_cache_dir_not_the_package(tmp_path):
+    # a copy of the package as pip installs it, imported after numba (the harder order: numba
+    # has read its config already) and made to compile its fp16 loop; run from tmp_path, so
+    # `-c` (which puts the working directory first on sys.path) imports the copy
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "anelm", site / "anelm", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k not in ("ANELM_CACHE_DIR", "NUMBA_CACHE_DIR")}
+    env.update(PYTHONPATH=str(site), XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONDONTWRITEBYTECODE="1")
+    code = ("import numba, numpy as np\nfrom anelm.device.fp16 import round_fp16\n"
+            "assert round_fp16(np.float32([1e5, 0.1]))[0] == np.inf\n")
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, timeout=300)
+    inside = [p for p in site.rglob("*") if p.suffix in (".nbi", ".nbc")]
+    cached = [p for p in (tmp_path / "xdg" / "anelm" / "numba").rglob("*") if p.suffix in (".nbi", ".nbc")]
+    assert inside == [] and {p.suffix for p in cached} == {".nbi", ".nbc"}
