@@ -18,19 +18,9 @@ import os
 import platform
 from pathlib import Path
 
+from ..caches import cache_dir
+
 SELF_TEST_TIMEOUT_S = 120.0  # a cold compile takes 15-70 ms; aned can be slow after boot
-
-
-def cache_dir() -> Path:
-    """The anelm cache dir: $ANELM_CACHE_DIR, else $XDG_CACHE_HOME/anelm, else ~/.cache/anelm.
-
-    A local resolver for now (CONTRACTS §1); one project-wide function is to replace it.
-    """
-    if os.environ.get("ANELM_CACHE_DIR"):
-        return Path(os.environ["ANELM_CACHE_DIR"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "anelm"
-    return Path.home() / ".cache" / "anelm"
 
 
 def identity() -> dict:
@@ -45,7 +35,7 @@ def identity() -> dict:
 
 def verdict_path(ident: dict | None = None) -> Path:
     key = hashlib.sha256(json.dumps(ident or identity(), sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / f"ane-self-test-{key}.json"
+    return cache_dir(f"ane-self-test-{key}.json")
 
 
 def verdict(timeout: float = SELF_TEST_TIMEOUT_S) -> tuple[bool, str]:

@@ -81,14 +81,3 @@ def test_the_verdict_is_per_os_build(mac, monkeypatch):
     monkeypatch.setattr(selftest, "identity", lambda: {**build, "os_build": "Darwin Kernel Version 99"})
     child(PASSES)
     assert selftest.verdict() == (True, "the backend passed its self-test") and len(children) == 2
-
-
-def test_cache_dir_resolution(monkeypatch, tmp_path):
-    monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path / "a"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert selftest.cache_dir() == tmp_path / "a"
-    monkeypatch.delenv("ANELM_CACHE_DIR")
-    assert selftest.cache_dir() == tmp_path / "x" / "anelm"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert selftest.cache_dir() == tmp_path / "home" / ".cache" / "anelm"
