@@ -78,7 +78,7 @@ def _byte_level(meta: dict[str, Any], tokens: list[str], source: str) -> Any:
 
 
 def _sentencepiece(meta: dict[str, Any], tokens: list[str], types: list[int]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, normalizers
 
     scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -87,8 +87,11 @@ def _sentencepiece(meta: dict[str, Any], tokens: list[str], types: list[int]) ->
                                unk_token=tokens[unk] if unk is not None else None,
                                byte_fallback=True, fuse_unk=True))
     prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=META, prepend_scheme="first" if prefix else "never",
-                                                 split=False)  # one word: merges may cross spaces
+    # A normalizer, not Metaspace: SentencePiece (and llama.cpp, after each special token too)
+    # adds "▁" even to text that starts with a space, which Metaspace would not. The text stays
+    # one word, so merges may cross spaces as SentencePiece's do.
+    tok.normalizer = normalizers.Sequence(([normalizers.Prepend(META)] if prefix else [])
+                                          + [normalizers.Replace(" ", META)])
     steps = [decoders.Replace(META, " "), decoders.ByteFallback(), decoders.Fuse()]
     tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))  # the added space
     return tok
