@@ -7,6 +7,7 @@ tokenizer files. It is not part of a user's clone, so tests that read it skip wi
 from pathlib import Path
 
 import pytest
+from real_models import smollm, smollm_gguf, smollm_hf  # noqa: F401  (session fixtures, any folder)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -22,7 +22,7 @@ def notice(msg: str) -> None:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The flags `generate` and `chat` share."""
     p.add_argument("--model", required=True, metavar="PATH",
-                   help="an HF folder, a llama2.c .bin (tokenizer.bin beside it) or a RUN folder")
+                   help="an HF folder, a RUN folder, a llama2.c .bin (tokenizer.bin beside it) or a .gguf file")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer file or folder (default: the model's)")
     p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 is greedy (default 0.8)")
