@@ -73,7 +73,7 @@ def _dequantize(t: Any, path: Path) -> np.ndarray:
     except NotImplementedError:
         raise LoadError(f"{path}: tensor {t.name} has type {t.tensor_type.name}, which the gguf package "
                         "cannot dequantize: expected a float or quantized weight type") from None
-    return np.asarray(w, dtype=np.float32)
+    return np.array(w, dtype=np.float32)  # owned and writable: F32 tensors come back as views of the mapped file
 
 
 # --- config -----------------------------------------------------------------------------------
