@@ -89,13 +89,18 @@ def test_export_gives_a_folder_transformers_loads(smollm_gguf, smollm, smollm_hf
 
 # --- tiny random GGUFs ------------------------------------------------------------------------
 
+GPT2_MERGES = 2000  # a small vocabulary keeps the tiny files quick to read on both sides
+
+
 def gpt2_vocab() -> tuple[list[str], list[str]]:
+    """GPT-2's 256 byte symbols and its first merges: GPT-2 numbers merge i's result 256 + i, so
+    its first 256 + n tokens are closed under its first n merges. <|endoftext|> ends the list."""
     vocab_file = SHARED / "data" / "tokenizers" / "gpt2-vocab.json"
     if not vocab_file.is_file():
         pytest.skip(f"{vocab_file} is absent: ../shared (external fixtures) is not part of a user's clone")
     vocab = json.loads(vocab_file.read_text())
-    merges = (vocab_file.parent / "gpt2-merges.txt").read_text().splitlines()[1:]  # after the #version line
-    return sorted(vocab, key=vocab.get), [m for m in merges if m]
+    merges = [m for m in (vocab_file.parent / "gpt2-merges.txt").read_text().splitlines()[1:] if m]
+    return sorted(vocab, key=vocab.get)[:256 + GPT2_MERGES] + ["<|endoftext|>"], merges[:GPT2_MERGES]
 
 
 def sentencepiece_vocab() -> tuple[list[str], list[float], list[int], object]:
@@ -177,8 +182,8 @@ def tiny_gguf(tmp_path, kind: str, as_numpy: dict | None = None):
         tokens, merges = gpt2_vocab()
         sp = None
         tok = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges,
-               "tokenizer.ggml.token_type": [1] * (len(tokens) - 1) + [3], "tokenizer.ggml.bos_token_id": 50256,
-               "tokenizer.ggml.eos_token_id": 50256, "tokenizer.ggml.pre": "gpt-2" if kind == "gpt2" else "qwen2"}
+               "tokenizer.ggml.token_type": [1] * (len(tokens) - 1) + [3],
+               "tokenizer.ggml.bos_token_id": len(tokens) - 1, "tokenizer.ggml.eos_token_id": len(tokens) - 1, "tokenizer.ggml.pre": "gpt-2" if kind == "gpt2" else "qwen2"}
         # HF reads no head_dim for qwen3 from a GGUF: its default, 128, is what the file must hold.
         arch, heads, kv, hd, tied = ("gpt2", 4, 4, 16, True) if kind == "gpt2" else ("qwen3", 2, 1, 128, False)
         extra = {"gpt2": {"attention.layer_norm_epsilon": 1e-5},
@@ -194,12 +199,26 @@ def tiny_gguf(tmp_path, kind: str, as_numpy: dict | None = None):
     return path, sp
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "qwen3", "llama-spm"])
-def test_tiny_architectures_match_hf(tmp_path, kind):
-    path, sp = tiny_gguf(tmp_path, kind)
-    config, weights, tok = load_model(path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
-    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+TINY = ["gpt2", "qwen3", "llama-spm"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """kind -> (GGUF path, SentencePiece oracle or None, our (config, weights, tokenizer),
+    HF model, HF tokenizer), each read once."""
+    out = {}
+    for kind in TINY:
+        folder = tmp_path_factory.mktemp(kind)
+        path, sp = tiny_gguf(folder, kind)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=path.name, dtype=torch.float32)
+        out[kind] = (path, sp, load_model(path), hf.eval(),
+                     transformers.AutoTokenizer.from_pretrained(folder, gguf_file=path.name))
+    return out
+
+
+@pytest.mark.parametrize("kind", TINY)
+def test_tiny_architectures_match_hf(tiny, kind):
+    path, sp, (config, weights, tok), hf, hf_tok = tiny[kind]
     assert config.model_type == kind.split("-")[0]
     ids = tok.encode(SENTENCE)
     assert rel_err(build_model(config, weights).forward(ids), hf_logits(hf, ids)) < TOL
@@ -214,12 +233,10 @@ def test_tiny_architectures_match_hf(tmp_path, kind):
         assert tok.encode(text) == theirs, text
 
 
-def test_tiny_export_loads_in_transformers(tmp_path):
-    path, _ = tiny_gguf(tmp_path, "gpt2")  # GPT-2's Conv1D weights go back to [in, out]
+def test_tiny_export_loads_in_transformers(tiny, tmp_path):
+    path, _, _, theirs, _ = tiny["gpt2"]  # GPT-2's Conv1D weights go back to [in, out]
     assert main(["export", str(path), "--out", str(tmp_path / "hf")]) == 0
     ours = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name,
-                                                               dtype=torch.float32).eval()
     ids = list(range(5, 40))
     assert rel_err(hf_logits(ours, ids), hf_logits(theirs, ids)) < 1e-6
 
