@@ -283,3 +283,13 @@ def test_a_type_gguf_cannot_dequantize_is_one_line_error(tmp_path, capsys):
     path, _ = tiny_gguf(tmp_path, "gpt2", as_numpy={"output_norm.weight": np.int32})
     err = one_line_error(capsys, "generate", "--model", str(path), "--prompt", "hi")
     assert "output_norm.weight has type I32" in err
+
+
+def test_train_init_from_reads_a_gguf(tiny):
+    from anelm.train.init import load_pretrained
+
+    path, _, (config, weights, _), _, _ = tiny["llama-spm"]
+    cfg, init, tok = load_pretrained(path)
+    assert cfg["model_type"] == "llama" and cfg["num_key_value_heads"] == config.num_key_value_heads
+    assert set(init) == set(weights) and all(np.array_equal(init[k], weights[k]) for k in weights)
+    assert tok is not None and tok.encode("hi") == [1] + tiny["llama-spm"][1].encode("hi")
