@@ -293,3 +293,33 @@ def test_train_init_from_reads_a_gguf(tiny):
     assert cfg["model_type"] == "llama" and cfg["num_key_value_heads"] == config.num_key_value_heads
     assert set(init) == set(weights) and all(np.array_equal(init[k], weights[k]) for k in weights)
     assert tok is not None and tok.encode("hi") == [1] + tiny["llama-spm"][1].encode("hi")
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2", "smollm", "default"])
+def test_byte_level_pre_tokenizers(tmp_path, pre):
+    """Each family's split against HF's GGUF tokenizer where HF has the same regex; every
+    family round-trips. (HF splits smollm and default files as GPT-2 does; llama.cpp splits
+    smollm's digits apart, and default's into threes and its punctuation runs apart.)"""
+    from anelm.models.tokenizer_gguf import tokenizer_from_gguf
+
+    tokens, merges = gpt2_vocab()
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.token_type": [1] * (len(tokens) - 1) + [3],
+            "tokenizer.ggml.bos_token_id": len(tokens) - 1, "tokenizer.ggml.eos_token_id": len(tokens) - 1}
+    ours = tokenizer_from_gguf(meta, "test")
+    texts = PROMPTS + ["it's 1234567 o'clock!!! ... done", "A\r\n\r\nB   C"]
+    assert all(ours.decode(ours.encode(t)) == t for t in texts)
+    if pre == "smollm":
+        assert ours.encode("1234") == [ours.tok.token_to_id(c) for c in "1234"]  # digits apart
+    if pre == "default":  # digits in groups of three
+        assert ours.encode("1234567") == ours.encode("123") + ours.encode("456") + ours.encode("7")
+    if pre in ("smollm", "default"):
+        return
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    for k, v in meta.items():
+        (w.add_string if isinstance(v, str) else w.add_uint32 if isinstance(v, int) else w.add_array)(k, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="t.gguf")
+    assert [ours.encode(t) for t in texts] == [theirs(t)["input_ids"] for t in texts]
