@@ -25,7 +25,7 @@ from .errors import ConfigError, LoadError
 from .llama2c import qk_interleaved_to_half
 
 ARCHITECTURES = ("gpt2", "llama", "qwen3")  # GGUF `general.architecture` names = our model_type
-UNKNOWN_TYPE = re.compile(r"(\d+) is not a valid GGMLQuantizationType")
+UNKNOWN_TYPE = re.compile(r"(\d+)\)? is not a valid GGMLQuantizationType")  # "np.uint32(99) is not..."
 
 
 def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray], Any]:

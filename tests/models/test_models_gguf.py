@@ -89,13 +89,18 @@ def test_export_gives_a_folder_transformers_loads(smollm_gguf, smollm, smollm_hf
 
 # --- tiny random GGUFs ------------------------------------------------------------------------
 
+GPT2_MERGES = 2000  # a small vocabulary keeps the tiny files quick to read on both sides
+
+
 def gpt2_vocab() -> tuple[list[str], list[str]]:
+    """GPT-2's 256 byte symbols and its first merges: GPT-2 numbers merge i's result 256 + i, so
+    its first 256 + n tokens are closed under its first n merges. <|endoftext|> ends the list."""
     vocab_file = SHARED / "data" / "tokenizers" / "gpt2-vocab.json"
     if not vocab_file.is_file():
         pytest.skip(f"{vocab_file} is absent: ../shared (external fixtures) is not part of a user's clone")
     vocab = json.loads(vocab_file.read_text())
-    merges = (vocab_file.parent / "gpt2-merges.txt").read_text().splitlines()[1:]  # after the #version line
-    return sorted(vocab, key=vocab.get), [m for m in merges if m]
+    merges = [m for m in (vocab_file.parent / "gpt2-merges.txt").read_text().splitlines()[1:] if m]
+    return sorted(vocab, key=vocab.get)[:256 + GPT2_MERGES] + ["<|endoftext|>"], merges[:GPT2_MERGES]
 
 
 def sentencepiece_vocab() -> tuple[list[str], list[float], list[int], object]:
@@ -177,8 +182,8 @@ def tiny_gguf(tmp_path, kind: str, as_numpy: dict | None = None):
         tokens, merges = gpt2_vocab()
         sp = None
         tok = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges,
-               "tokenizer.ggml.token_type": [1] * (len(tokens) - 1) + [3], "tokenizer.ggml.bos_token_id": 50256,
-               "tokenizer.ggml.eos_token_id": 50256, "tokenizer.ggml.pre": "gpt-2" if kind == "gpt2" else "qwen2"}
+               "tokenizer.ggml.token_type": [1] * (len(tokens) - 1) + [3],
+               "tokenizer.ggml.bos_token_id": len(tokens) - 1, "tokenizer.ggml.eos_token_id": len(tokens) - 1, "tokenizer.ggml.pre": "gpt-2" if kind == "gpt2" else "qwen2"}
         # HF reads no head_dim for qwen3 from a GGUF: its default, 128, is what the file must hold.
         arch, heads, kv, hd, tied = ("gpt2", 4, 4, 16, True) if kind == "gpt2" else ("qwen3", 2, 1, 128, False)
         extra = {"gpt2": {"attention.layer_norm_epsilon": 1e-5},
@@ -194,12 +199,26 @@ def tiny_gguf(tmp_path, kind: str, as_numpy: dict | None = None):
     return path, sp
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "qwen3", "llama-spm"])
-def test_tiny_architectures_match_hf(tmp_path, kind):
-    path, sp = tiny_gguf(tmp_path, kind)
-    config, weights, tok = load_model(path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
-    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+TINY = ["gpt2", "qwen3", "llama-spm"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """kind -> (GGUF path, SentencePiece oracle or None, our (config, weights, tokenizer),
+    HF model, HF tokenizer), each read once."""
+    out = {}
+    for kind in TINY:
+        folder = tmp_path_factory.mktemp(kind)
+        path, sp = tiny_gguf(folder, kind)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=path.name, dtype=torch.float32)
+        out[kind] = (path, sp, load_model(path), hf.eval(),
+                     transformers.AutoTokenizer.from_pretrained(folder, gguf_file=path.name))
+    return out
+
+
+@pytest.mark.parametrize("kind", TINY)
+def test_tiny_architectures_match_hf(tiny, kind):
+    path, sp, (config, weights, tok), hf, hf_tok = tiny[kind]
     assert config.model_type == kind.split("-")[0]
     ids = tok.encode(SENTENCE)
     assert rel_err(build_model(config, weights).forward(ids), hf_logits(hf, ids)) < TOL
@@ -214,12 +233,10 @@ def test_tiny_architectures_match_hf(tmp_path, kind):
         assert tok.encode(text) == theirs, text
 
 
-def test_tiny_export_loads_in_transformers(tmp_path):
-    path, _ = tiny_gguf(tmp_path, "gpt2")  # GPT-2's Conv1D weights go back to [in, out]
+def test_tiny_export_loads_in_transformers(tiny, tmp_path):
+    path, _, _, theirs, _ = tiny["gpt2"]  # GPT-2's Conv1D weights go back to [in, out]
     assert main(["export", str(path), "--out", str(tmp_path / "hf")]) == 0
     ours = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name,
-                                                               dtype=torch.float32).eval()
     ids = list(range(5, 40))
     assert rel_err(hf_logits(ours, ids), hf_logits(theirs, ids)) < 1e-6
 
@@ -266,3 +283,43 @@ def test_a_type_gguf_cannot_dequantize_is_one_line_error(tmp_path, capsys):
     path, _ = tiny_gguf(tmp_path, "gpt2", as_numpy={"output_norm.weight": np.int32})
     err = one_line_error(capsys, "generate", "--model", str(path), "--prompt", "hi")
     assert "output_norm.weight has type I32" in err
+
+
+def test_train_init_from_reads_a_gguf(tiny):
+    from anelm.train.init import load_pretrained
+
+    path, _, (config, weights, _), _, _ = tiny["llama-spm"]
+    cfg, init, tok = load_pretrained(path)
+    assert cfg["model_type"] == "llama" and cfg["num_key_value_heads"] == config.num_key_value_heads
+    assert set(init) == set(weights) and all(np.array_equal(init[k], weights[k]) for k in weights)
+    assert tok is not None and tok.encode("hi") == [1] + tiny["llama-spm"][1].encode("hi")
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2", "smollm", "default"])
+def test_byte_level_pre_tokenizers(tmp_path, pre):
+    """Each family's split against HF's GGUF tokenizer where HF has the same regex; every
+    family round-trips. (HF splits smollm and default files as GPT-2 does; llama.cpp splits
+    smollm's digits apart, and default's into threes and its punctuation runs apart.)"""
+    from anelm.models.tokenizer_gguf import tokenizer_from_gguf
+
+    tokens, merges = gpt2_vocab()
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.token_type": [1] * (len(tokens) - 1) + [3],
+            "tokenizer.ggml.bos_token_id": len(tokens) - 1, "tokenizer.ggml.eos_token_id": len(tokens) - 1}
+    ours = tokenizer_from_gguf(meta, "test")
+    texts = PROMPTS + ["it's 1234567 o'clock!!! ... done", "A\r\n\r\nB   C"]
+    assert all(ours.decode(ours.encode(t)) == t for t in texts)
+    if pre == "smollm":
+        assert ours.encode("1234") == [ours.tok.token_to_id(c) for c in "1234"]  # digits apart
+    if pre == "default":  # digits in groups of three
+        assert ours.encode("1234567") == ours.encode("123") + ours.encode("456") + ours.encode("7")
+    if pre in ("smollm", "default"):
+        return
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    for k, v in meta.items():
+        (w.add_string if isinstance(v, str) else w.add_uint32 if isinstance(v, int) else w.add_array)(k, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="t.gguf")
+    assert [ours.encode(t) for t in texts] == [theirs(t)["input_ids"] for t in texts]
