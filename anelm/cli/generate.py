@@ -22,7 +22,7 @@ def notice(msg: str) -> None:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The flags `generate` and `chat` share."""
     p.add_argument("--model", required=True, metavar="PATH",
-                   help="an HF folder, a llama2.c .bin (tokenizer.bin beside it) or a RUN folder")
+                   help="an HF folder, a RUN folder, a llama2.c .bin (tokenizer.bin beside it) or a .gguf file")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer file or folder (default: the model's)")
     p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 is greedy (default 0.8)")
@@ -62,15 +62,16 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return config, weights, tok
 
 
-def start(args: argparse.Namespace, config: Any, weights: Any) -> Any:
-    """The runner for --device / --profile, with the notices saying what was chosen."""
+def start(args: argparse.Namespace, config: Any, weights: Any, max_context: int | None = None) -> Any:
+    """The runner for --device / --profile, with the notices saying what was chosen;
+    `max_context` caps the positions it serves (fewer, better-fitting program sizes)."""
     from ..device.profile import load_profile
     from ..generate.runner import make_runner
 
     if args.profile:
         load_profile(args.profile)  # a bad path fails here, even when the CPU path ignores it
         os.environ["ANELM_PROFILE"] = str(args.profile)  # CONTRACTS §2: the env var carries it
-    runner = make_runner(config, weights, args.device)
+    runner = make_runner(config, weights, args.device, max_context)
     n = sum(int(w.size) for w in weights.values())
     notice(f"model: {config.model_type}, {n / 1e6:.2f}M parameters, context {config.max_position_embeddings}")
     if runner.device == "cpu":  # get_device announced the device itself otherwise

@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "export": ("export", "export a training run as a Hugging Face folder"),
     "generate": ("generate", "generate text from a model"),
     "chat": ("chat", "chat with a model"),
+    "perplexity": ("perplexity", "score a text file with a model: perplexity and next-token choices"),
     "doctor": ("doctor", "report the machine and devices; run the hardware conformance suite"),
     "demo": ("demo", "compile a small transformer layer and run it on the best device"),
 }

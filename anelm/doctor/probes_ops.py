@@ -150,7 +150,7 @@ def op_probes() -> list[Probe]:
         _binary("real_div", np.divide), _binary("maximum", np.maximum), _binary("minimum", np.minimum),
         single("op.pow", "pow", [const("e", "fp16", -0.5), op("y", "fp16", X, "pow", x="x", y="e")], X,
                lambda x: x ** -0.5, 0.25, 4, what="pow(x, -0.5): our rsqrt"),
-        _unary("sqrt", np.sqrt, 0.05, 4), _unary("rsqrt", lambda x: 1 / np.sqrt(x), 0.25, 4),
+        _unary("abs", np.abs, -4, 4), _unary("sqrt", np.sqrt, 0.05, 4), _unary("rsqrt", lambda x: 1 / np.sqrt(x), 0.25, 4),
         _unary("exp", np.exp, -4, 4), _unary("tanh", np.tanh, -3, 3),
         _unary("sigmoid", lambda x: 1 / (1 + np.exp(-x)), -6, 6), _unary("relu", lambda x: np.maximum(x, 0), -2, 2),
         _unary("silu", lambda x: x / (1 + np.exp(-x)), -4, 4),

@@ -30,6 +30,7 @@ position 0, which is what lets one program serve every prompt of its bucket.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -38,7 +39,7 @@ from ..compiler.pipeline import compile_graph
 from ..device.base import Device
 from ..device.select import get_device
 from ..kernels.decode import decode_layer, decode_mask
-from ..kernels.prefill import layer_params, layer_shape, prefill_layer, rope_full_tables
+from ..kernels.prefill import layer_params, layer_shape, prefill_layer, rope_full_tables, stream_scale_for
 from ..models.layers import rope_inv_freq, rope_tables
 from ..models.loading import build_model
 from ..runtime.kernel import Kernel
@@ -55,6 +56,13 @@ def build_runner(config: Any, weights: dict[str, np.ndarray], device: str | Devi
     """
     dev = device if isinstance(device, Device) else get_device(device)
     return DeviceRunner(config, weights, dev, max_context)
+
+
+def calibration_ids(config: Any, n: int = 16) -> list[int]:
+    """A fixed sequence for measuring the stream's range: BOS (or id 0) first, where pretrained
+    models put their largest activations (attention sinks), then ids spread over the vocabulary."""
+    first = config.bos_token_id if isinstance(config.bos_token_id, int) else 0
+    return [first] + [int(i) for i in np.linspace(0, config.vocab_size - 1, n - 1)]
 
 
 def layer_weights(config: Any, weights: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
@@ -74,7 +82,9 @@ class DeviceRunner:
         n = config.num_hidden_layers
         context = min(config.max_position_embeddings, max_context or MAX_CONTEXT)
         self.plan = plan_sizes(n, context, device.profile.compile_budget)
-        self.shapes = [layer_shape(config, i) for i in range(n)]
+        # the stream's range, measured once on the CPU reference, decides its scale on the device
+        self.stream_scale = stream_scale_for(self.cpu.stream_peak(calibration_ids(config)))
+        self.shapes = [replace(layer_shape(config, i), stream_scale=self.stream_scale) for i in range(n)]
         # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
         self.layers = [layer_params(s, layer_weights(config, self.cpu.weights, i))
                        for i, s in enumerate(self.shapes)]
@@ -117,7 +127,7 @@ class DeviceRunner:
         seq = self.plan.bucket(n)
         cache.reserve(self.plan.tier(n - 1))  # room for n positions, in the tier decode reads next
         x = np.zeros((1, d, 1, seq), np.float32)
-        x[0, :, 0, :n] = self.cpu.embed(ids, np.arange(n)).T  # [n, D] -> [D, n]
+        x[0, :, 0, :n] = self.cpu.embed(ids, np.arange(n)).T / self.stream_scale  # [n, D] -> [D, n]
         for i in range(len(self.layers)):
             out = self._kernel("prefill", i, seq).run({"x": x}, exact=() if i == 0 else ("x",))
             cache.k[i, :, :n] = out["k"].reshape(-1, seq)[:, :n]  # [Hkv, 1, Dh, S] -> [C, S] -> [C, n]
@@ -127,14 +137,14 @@ class DeviceRunner:
             # 0·inf is NaN, so a padding value grown to inf over the layers would leak into real rows.
             x[..., n:] = 0
         cache.advance(n)
-        return x[0, :, 0, :n].T.astype(np.float32)  # [D, n] -> [n, D]
+        return x[0, :, 0, :n].T.astype(np.float32) * self.stream_scale  # [D, n] -> [n, D]
 
     def _decode_hidden(self, token: int, cache: DeviceCache) -> np.ndarray:
         """The token at position cache.length through every layer; appends its K/V; [1, D]."""
         pos, d, s = cache.length, self.config.hidden_size, self.shapes[0]
         tier = self.plan.tier(pos)
         cache.reserve(tier)
-        x = self.cpu.embed(np.array([token]), np.array([pos])).astype(np.float32)
+        x = self.cpu.embed(np.array([token]), np.array([pos])).astype(np.float32) / self.stream_scale
         x = x.reshape(1, d, 1, 1)  # [1, D] -> [1, D, 1, 1]
         heads = (s.kv_heads, 1, s.head_dim, tier)
         step = {"mask": decode_mask(pos, tier)}
@@ -151,7 +161,7 @@ class DeviceRunner:
             cache.v[i, :, pos] = out["v_new"].reshape(-1)
             x = out["y"]
         cache.advance(1)
-        return x.reshape(1, d).astype(np.float32)  # [1, D, 1, 1] -> [1, D]
+        return x.reshape(1, d).astype(np.float32) * self.stream_scale  # [1, D, 1, 1] -> [1, D]
 
     def _kernel(self, kind: str, i: int, size: int) -> Kernel:
         """The program of layer i for a prefill bucket or decode tier, compiled on first use."""

@@ -41,9 +41,11 @@ class Runner(Protocol):
         ...
 
 
-def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto") -> Runner:
+def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto",
+                max_context: int | None = None) -> Runner:
     """The device pipeline's runner (`anelm.generate.pipeline.build_runner`) when that module
-    exists, else the CPU numpy reference; `runner.device` says which one was built."""
+    exists, else the CPU numpy reference; `runner.device` says which one was built.
+    `max_context` caps the device pipeline's cache and program sizes."""
     name = f"{__package__}.pipeline"
     try:
         pipeline = importlib.import_module(name)
@@ -53,4 +55,4 @@ def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto
         from ..models.loading import build_model
 
         return build_model(config, weights)
-    return pipeline.build_runner(config, weights, device)
+    return pipeline.build_runner(config, weights, device, max_context)

@@ -101,6 +101,7 @@ class GraphBuilder:
     def pow(self, x, y, name=None): return self.op("pow", {"x": x, "y": y}, name=name)
     def maximum(self, x, y, name=None): return self.op("maximum", {"x": x, "y": y}, name=name)
     def minimum(self, x, y, name=None): return self.op("minimum", {"x": x, "y": y}, name=name)
+    def abs(self, x, name=None): return self.op("abs", {"x": x}, name=name)
     def sqrt(self, x, name=None): return self.op("sqrt", {"x": x}, name=name)
     def exp(self, x, name=None): return self.op("exp", {"x": x}, name=name)
     def tanh(self, x, name=None): return self.op("tanh", {"x": x}, name=name)

@@ -107,6 +107,7 @@ def _unary(fn):
 
 
 _UNARY = {
+    "abs": np.abs,
     "sqrt": np.sqrt,
     "exp": np.exp,
     "tanh": np.tanh,

@@ -31,13 +31,3 @@ def split_heads(b: GraphBuilder, x: Value, heads: int, groups: int, head_dim: in
     """[1, heads·groups·Dh, 1, S] -> [heads, groups, Dh, S]."""
     s = x.shape[3]
     return b.reshape(x, [heads, groups, head_dim, s], name=name)
-
-
-def head_rms_norm(b: GraphBuilder, x: Value, weight: np.ndarray, eps: float, name: str) -> Value:
-    """RMSNorm over Dh of a `[Hkv, G, Dh, S]` tensor (Qwen3's q/k norm), as reduce_sum × 1/Dh."""
-    dh = x.shape[2]
-    ss = b.reduce_sum(b.mul(x, x, name=f"{name}_sq"), axes=[2], name=f"{name}_ss")
-    ms = b.add(b.mul(ss, 1.0 / dh, name=f"{name}_ms"), eps, name=f"{name}_mse")
-    r = b.pow(ms, -0.5, name=f"{name}_rrms")
-    w = b.weight(f"{name}_w", np.reshape(weight, (1, 1, dh, 1)))
-    return b.mul(b.mul(x, r, name=f"{name}_xr"), w, name=name)

@@ -28,7 +28,8 @@ import numpy as np
 
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Graph, Value
-from .attention import causal_mask, head_rms_norm
+from .attention import causal_mask
+from .norms import channel_norm, head_rms_norm
 
 GELU_C = math.sqrt(2.0 / math.pi)  # GELU tanh form: u = c·(x + 0.044715·x³)
 
@@ -44,6 +45,7 @@ class LayerShape:
     head_dim: int
     eps: float
     scale: float  # attention score scale (GPT-2 may scale by 1/(layer+1) too)
+    stream_scale: float = 1.0  # the kernels carry the residual stream divided by this (see stream_scale_for)
 
     @property
     def groups(self) -> int:
@@ -65,6 +67,23 @@ def layer_shape(config, index: int = 0) -> LayerShape:
     eps = config.layer_norm_epsilon if gpt2 else config.rms_norm_eps
     return LayerShape(gpt2, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                       hd, float(eps), scale)
+
+
+STREAM_PEAK = 4096.0  # the largest stream value the kernels should carry (stream_scale_for)
+
+
+def stream_scale_for(peak: float) -> float:
+    """The power of two S by which the kernels divide the residual stream, for a model whose
+    stream (or a layer's update to it) reaches `peak` (`CausalLM.stream_peak`).
+
+    The o and down projections write into the stream, so their results, conv/matmul sums, must
+    stay under the accumulator's 32768 (strict §2.9), and the stream itself under fp16's 65504.
+    Dividing by S is exact (a power of two) and free: S is folded into those projections'
+    weights and into eps, and every read of the stream goes through a norm, which does not see
+    the scale. STREAM_PEAK leaves 8x headroom over the calibration for prompts that push
+    further. SmolLM2-135M peaks at 27,056 and gets S = 8; random test models get S = 1.
+    """
+    return 1.0 if peak <= STREAM_PEAK else float(2.0 ** math.ceil(math.log2(peak / STREAM_PEAK)))
 
 
 # --- weights -------------------------------------------------------------------------------
@@ -95,6 +114,10 @@ def layer_params(s: LayerShape, w: dict[str, np.ndarray]) -> dict[str, tuple[np.
     p = {n: _fold(*raw[n], *norm1) for n in "qkv"}
     p.update({n: _fold(*raw[n], *norm2) for n in mlp_in})
     p.update({n: raw[n] for n in raw if n not in p})
+    for n in ("o", "down", "proj"):  # the projections that write into the residual stream
+        if n in p and s.stream_scale != 1.0:
+            pw, pb = p[n]
+            p[n] = (pw / np.float32(s.stream_scale), None if pb is None else pb / np.float32(s.stream_scale))
     if "self_attn.q_norm.weight" in w:  # Qwen3: the scale goes after the q norm, into its gain
         p["q_norm"] = (w["self_attn.q_norm.weight"] * np.float32(s.scale), None)
         p["k_norm"] = (w["self_attn.k_norm.weight"], None)
@@ -137,19 +160,9 @@ def _lin(b: GraphBuilder, x: Value, p: dict, key: str) -> Value:
     return b.linear(x, w, bias, name=f"{key}_proj")
 
 
-def _mean_c(b: GraphBuilder, x: Value, name: str) -> Value:
-    """Mean over channels as a 1x1 conv with 1/C weights: `[1, C, 1, S]` -> `[1, 1, 1, S]`."""
-    c = x.shape[1]
-    return b.conv(x, np.full((1, c, 1, 1), 1.0 / c, np.float32), name=name)
-
-
-def channel_norm(b: GraphBuilder, s: LayerShape, x: Value, name: str) -> Value:
-    """LayerNorm (GPT-2) or RMSNorm over channels, without affine (folded into the next linear)."""
-    if s.gpt2:
-        x = b.sub(x, _mean_c(b, x, f"{name}_mean"), name=f"{name}_cent")
-    ms = _mean_c(b, b.mul(x, x, name=f"{name}_sq"), f"{name}_ms")
-    r = b.pow(b.add(ms, s.eps, name=f"{name}_eps"), -0.5, name=f"{name}_rstd")
-    return b.mul(x, r, name=name)
+def stream_norm(b: GraphBuilder, s: LayerShape, x: Value, name: str) -> Value:
+    """The layer's norm of the (scaled) residual stream: eps scales with the stream's square."""
+    return channel_norm(b, x, s.eps / s.stream_scale ** 2, s.gpt2, name)
 
 
 def gelu_tanh(b: GraphBuilder, x: Value, name: str = "gelu") -> Value:
@@ -167,7 +180,7 @@ def layer_front(b: GraphBuilder, s: LayerShape, p: dict, x: Value, rope: tuple[V
     then k and v as the cache stores them: heads `[Hkv, 1, Dh, S]`, the bytes of `[1, C, 1, S]`).
     """
     seq, hd, kv, h = x.shape[3], s.head_dim, s.kv_heads, s.heads
-    qkv = _lin(b, channel_norm(b, s, x, "attn_norm"), p, "qkv")
+    qkv = _lin(b, stream_norm(b, s, x, "attn_norm"), p, "qkv")
     heads = b.reshape(qkv, [h + 2 * kv, 1, hd, seq], name="qkv_heads")  # [1,(H+2Hkv)·Dh,1,S] -> [H+2Hkv,1,Dh,S]
     qh = b.slice_by_size(heads, [0, 0, 0, 0], [h, 1, hd, seq], name="q_heads")  # [H,1,Dh,S]
     kh = b.slice_by_size(heads, [h, 0, 0, 0], [kv, 1, hd, seq], name="k_heads")  # [Hkv,1,Dh,S]
@@ -187,7 +200,7 @@ def layer_front(b: GraphBuilder, s: LayerShape, p: dict, x: Value, rope: tuple[V
 def layer_back(b: GraphBuilder, s: LayerShape, p: dict, x: Value, attn: Value) -> Value:
     """Output projection and residual, then norm, MLP and residual: the next hidden state."""
     x2 = b.add(x, _lin(b, attn, p, "o"), name="resid1")
-    h = channel_norm(b, s, x2, "mlp_norm")
+    h = stream_norm(b, s, x2, "mlp_norm")
     if s.gpt2:
         m = _lin(b, gelu_tanh(b, _lin(b, h, p, "fc")), p, "proj")
     else:  # SwiGLU; silu as x·sigmoid(x) (CONTRACTS §2 conservative form)
@@ -201,7 +214,10 @@ def full_attention(b: GraphBuilder, s: LayerShape, qh: Value, kh: Value, vh: Val
     """softmax(QᵀK + mask)·V over one sequence (q pre-scaled); returns `[1, H·Dh, 1, S]`."""
     seq = qh.shape[3]
     sc = b.matmul(qh, kh, transpose_x=True, name="attn_qk")  # [Hkv,G,S,S]
-    pr = b.softmax(b.add(sc, mask, name="attn_masked"), axis=-1, name="attn_p")
+    masked = b.add(sc, mask, name="attn_masked")
+    # max-shifted: the chip's own softmax overflows past a score of about 11 (peer-facts §4.9)
+    shifted = b.sub(masked, b.reduce_max(masked, axes=[3], name="attn_max"), name="attn_shift")
+    pr = b.softmax(shifted, axis=-1, name="attn_p")
     o = b.matmul(vh, pr, transpose_y=True, name="attn_pv")  # [Hkv,1,Dh,S]·[Hkv,G,S,S]ᵀ -> [Hkv,G,Dh,S]
     return b.reshape(o, [1, s.heads * s.head_dim, 1, seq], name="attn")  # -> [1,H·Dh,1,S]
 

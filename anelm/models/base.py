@@ -93,6 +93,18 @@ class CausalLM:
         """One token at position cache.length; logits [V]."""
         return self.prefill([token], cache)[0]
 
+    def stream_peak(self, ids: Sequence[int]) -> float:
+        """The largest magnitude that the residual stream, or one layer's update to it, takes
+        over `ids`: what the device's fp16 stream must hold (`kernels.prefill.stream_scale_for`)."""
+        ids = self._check_ids(ids, self.new_cache())
+        cache, pos = self.new_cache(), np.arange(len(ids))
+        ctx, x = self.positions(pos), self.embed(ids, pos)
+        peak = float(np.abs(x).max())
+        for i in range(self.config.num_hidden_layers):
+            y = self.block(i, x, ctx, cache)
+            peak, x = max(peak, float(np.abs(y).max()), float(np.abs(y - x).max())), y
+        return peak
+
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         """Logits [T, V] of every position, from an empty cache."""
         return self.prefill(ids, self.new_cache())

@@ -51,6 +51,12 @@ def sanitize(weights: dict[str, np.ndarray], config: GPT2Config) -> dict[str, np
     return out
 
 
+def unsanitize(weights: dict[str, np.ndarray], config: GPT2Config) -> dict[str, np.ndarray]:
+    """Our weights as HF's checkpoint holds them (the inverse of `sanitize`): Conv1D as [in, out]."""
+    return {k: np.ascontiguousarray(v.T) if k.removesuffix(".weight").endswith(CONV1D) and k.endswith(".weight")
+            else v for k, v in weights.items()}
+
+
 class Model(CausalLM):
     expected_shapes = staticmethod(expected_shapes)
 

@@ -54,6 +54,11 @@ def sanitize(weights: dict[str, np.ndarray], config: LlamaConfig) -> dict[str, n
     return out
 
 
+def unsanitize(weights: dict[str, np.ndarray], config: LlamaConfig) -> dict[str, np.ndarray]:
+    """Our weights as HF's checkpoint holds them (the inverse of `sanitize`): the same here."""
+    return dict(weights)
+
+
 class Model(CausalLM):
     def __init__(self, config: LlamaConfig, weights: dict[str, np.ndarray]):
         super().__init__(config, weights)

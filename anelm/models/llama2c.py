@@ -126,7 +126,12 @@ def _read(data: np.ndarray, offset: int, shape: tuple[int, ...], kind: str, grou
 
 
 def _to_hf(w: dict[str, np.ndarray], c: LlamaConfig) -> dict[str, np.ndarray]:
-    w = {k: v for k, v in w.items() if not k.startswith("freq_cis")}
+    return qk_interleaved_to_half({k: v for k, v in w.items() if not k.startswith("freq_cis")}, c)
+
+
+def qk_interleaved_to_half(w: dict[str, np.ndarray], c: LlamaConfig) -> dict[str, np.ndarray]:
+    """Every layer's q/k rows from interleaved RoPE pairs to HF's halves, in place. llama2.c
+    and llama.cpp's llama-arch converter both store the interleaved order."""
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}.self_attn."
         w[p + "q_proj.weight"] = _interleaved_to_half(w[p + "q_proj.weight"], c.num_attention_heads)

@@ -1,4 +1,5 @@
-"""`load_model(path)`: an HF folder, a RUN folder, one checkpoint file or a llama2.c `.bin`.
+"""`load_model(path)`: an HF folder, a RUN folder, one checkpoint file, a llama2.c `.bin` or a
+GGUF file (`gguf.py`, which carries its own tokenizer).
 
 Every route ends the same way: the architecture's `sanitize` maps the checkpoint's keys and
 orientation to ours, and `check_weights` names any missing key or wrong shape. The model
@@ -23,7 +24,7 @@ from .errors import LoadError
 from .llama2c import read_llama2c
 from .tokenizer import Tokenizer, find_tokenizer, load_tokenizer
 
-KINDS = "an HF folder, a RUN folder or a llama2.c .bin"
+KINDS = "an HF folder, a RUN folder, a llama2.c .bin or a .gguf file"
 STEP_FILE = re.compile(r"step-(\d+)\.safetensors")
 
 
@@ -43,12 +44,17 @@ def load_model(path: str | os.PathLike, tokenizer: str | os.PathLike | None = No
     """(config, float32 weights under HF names after `sanitize`, tokenizer or None).
 
     The tokenizer is `tokenizer` when given, else the one in the model's folder (for a
-    llama2.c `.bin`, a `tokenizer.bin` or `tokenizer.model` beside it).
+    llama2.c `.bin`, a `tokenizer.bin` or `tokenizer.model` beside it; a GGUF holds its own).
     """
     p = Path(path)
     if not p.exists():
         raise LoadError(f"model not found: {p}: expected {KINDS}")
-    if p.is_dir():
+    tok = None
+    if p.is_file() and p.suffix == ".gguf":
+        from .gguf import read_gguf
+
+        (config, raw, tok), tok_dir = read_gguf(p), None
+    elif p.is_dir():
         (config, raw), tok_dir = _read_folder(p), p
     elif p.suffix == ".bin":
         (config, raw), tok_dir = read_llama2c(p), p.parent
@@ -60,7 +66,10 @@ def load_model(path: str | os.PathLike, tokenizer: str | os.PathLike | None = No
         raise LoadError(f"cannot read model file {p}: expected {KINDS}")
     arch = architecture(config.model_type)
     weights = check_weights(arch.sanitize(raw, config), arch.expected_shapes(config), str(p))
-    tok = load_tokenizer(tokenizer) if tokenizer is not None else find_tokenizer(tok_dir)
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    elif tok_dir is not None:
+        tok = find_tokenizer(tok_dir)
     return config, weights, tok
 
 

@@ -22,7 +22,7 @@ def expected_shapes(c: Qwen3Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-sanitize = llama.sanitize
+sanitize, unsanitize = llama.sanitize, llama.unsanitize
 
 
 class Model(llama.Model):

@@ -1,8 +1,11 @@
-"""`anelm export RUN --out DIR`: a training run as a Hugging Face model folder.
+"""`anelm export RUN --out DIR`: a training run (or a GGUF file) as a Hugging Face model folder.
 
     DIR/config.json              HF field names, `architectures`, float32
-    DIR/model.safetensors        the latest checkpoint's weights (no optimizer state)
-    DIR/tokenizer.json ...       the run's tokenizer files, copied as they are
+    DIR/model.safetensors        the latest checkpoint's weights (no optimizer state), or the
+                                 GGUF's dequantized ones, in HF's checkpoint layout
+    DIR/tokenizer.json ...       the run's tokenizer files, copied as they are; for a GGUF, the
+                                 tokenizer rebuilt from its metadata + tokenizer_config.json
+                                 (special tokens, chat template)
     DIR/generation_config.json   BOS/EOS ids
 
 `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads it. The folder is built in a
@@ -30,22 +33,30 @@ class ExportError(AnelmError):
     """A run that cannot be exported, or a destination that cannot take it."""
 
 
-def export_run(run: str | Path, out: str | Path) -> tuple[Path, int]:
-    """Write the HF folder; returns (folder, the step of the checkpoint exported)."""
+def export_run(run: str | Path, out: str | Path) -> tuple[Path, int | None]:
+    """Write the HF folder; returns (folder, the step of the checkpoint exported; None for a GGUF)."""
     from ..models.loading import load_model
 
     run, out = Path(run), Path(out)
+    if run.is_file() and run.suffix == ".gguf":
+        config, weights, tok = load_model(run)
+        return _publish(out, lambda d: _write_folder(d, config, weights, tokenizer=tok)), None
     ckpt = run if run.is_file() else latest_checkpoint(run)
     if ckpt is None:
         raise ExportError(f"{run} has no checkpoints; expected a run folder written by anelm train "
-                          "(RUN/checkpoints/step-*.safetensors)")
+                          "(RUN/checkpoints/step-*.safetensors) or a .gguf file")
     src = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
     config, weights, _ = load_model(ckpt)  # one checkpoint: the weights, checked against config
+    return _publish(out, lambda d: _write_folder(d, config, weights, run=src)), _step_of(ckpt)
+
+
+def _publish(out: Path, write) -> Path:
+    """`write(tmp)` into a temporary sibling of `out`, then rename it into place."""
     _check_destination(out)
     tmp = Path(tempfile.mkdtemp(dir=out.parent if out.parent.exists() else None,
                                 prefix=f".{out.name}.export-"))
     try:
-        _write_folder(tmp, config, weights, src)
+        write(tmp)
         if out.exists():
             out.rmdir()  # empty, checked above
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +64,7 @@ def export_run(run: str | Path, out: str | Path) -> tuple[Path, int]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out, _step_of(ckpt)
+    return out
 
 
 def _check_destination(out: Path) -> None:
@@ -66,17 +77,24 @@ def _check_destination(out: Path) -> None:
         raise ExportError(f"cannot create {out}: {e.strerror or e}; expected a writable --out") from None
 
 
-def _write_folder(d: Path, config, weights: dict[str, np.ndarray], run: Path) -> None:
+def _write_folder(d: Path, config, weights: dict[str, np.ndarray], run: Path | None = None,
+                  tokenizer=None) -> None:
+    """The folder's files: the tokenizer files copied from `run`, or written by `tokenizer`."""
     from safetensors.numpy import save_file
+
+    from ..models.loading import architecture
 
     cfg = {**config.to_dict(), "torch_dtype": "float32"}
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    hf = architecture(config.model_type).unsanitize(weights, config)  # e.g. GPT-2's Conv1D as [in, out]
     # "format": "pt" is what transformers expects in a safetensors header from a torch model
-    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()},
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf.items()},
               str(d / "model.safetensors"), metadata={"format": "pt"})
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_FILES if run is not None else ():
         if (run / name).is_file():
             shutil.copy2(run / name, d / name)
+    if tokenizer is not None:
+        tokenizer.save(d)
     gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if cfg.get(k) is not None}
     (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 

@@ -28,7 +28,7 @@ class TrainSettings:
                                 "(default: the built-in story corpus)")
     tokenizer: str | None = _f(None, "tokenizer.json / .model / tokenizer.bin (default: a byte-level "
                                      "BPE trained on the data, or the --init-from model's)")
-    init_from: str | None = _f(None, "start from the weights (and tokenizer) of this HF folder or RUN",
+    init_from: str | None = _f(None, "start from the weights (and tokenizer) of this HF folder, RUN or .gguf file",
                                metavar="HF_DIR")
     steps: int = _f(1000, "optimizer steps in the whole run", kind="positive")
     batch_size: int = _f(8, "sequences per micro-batch", kind="positive")

@@ -85,7 +85,7 @@ def test_device_hook_uses_the_pipeline_when_present(model_dir, capsys, monkeypat
     d, _ = model_dir
     calls = []
 
-    def build_runner(config, weights, device):
+    def build_runner(config, weights, device, max_context=None):
         calls.append(device)
         runner = build_model(config, weights)
         runner.device = "emulator"

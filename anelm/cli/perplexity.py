@@ -1,0 +1,66 @@
+"""`anelm perplexity`: teacher-forced perplexity of a text file under a model (CONTRACTS §7).
+
+Without `--json` it prints `perplexity P (nll X nats over N predictions)`; with `--json`, one
+JSON line with the evaluated ids and every window's argmax choices, which is what a comparison
+against another implementation (HF transformers, a quantized or fine-tuned model) needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .common import add_device_args, positive_int
+from .generate import load, start
+
+DEFAULT_WINDOW = 512
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="an HF folder, a .gguf file, a llama2.c .bin or a RUN folder")
+    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer file or folder (default: the model's)")
+    p.add_argument("--data", required=True, metavar="FILE", help="UTF-8 text to score")
+    p.add_argument("--seq-len", type=positive_int, default=None, metavar="N",
+                   help=f"tokens per window, each scored from an empty cache "
+                        f"(default: the smaller of the context and {DEFAULT_WINDOW})")
+    p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
+                   help="score only the first N tokens of the file (default: all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_device_args(p)
+
+
+def read_text(path: str) -> str:
+    from ..models.errors import InputError
+
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"data file not found: {p}: expected a UTF-8 text file") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{p} is not UTF-8 text (byte {e.start}): expected a UTF-8 text file") from None
+    except IsADirectoryError:
+        raise InputError(f"{p} is a folder: expected a UTF-8 text file") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..generate.perplexity import perplexity
+    from ..models.errors import InputError
+
+    text = read_text(args.data)  # before the model loads: a wrong path fails fast
+    config, weights, tok = load(args)
+    context = config.max_position_embeddings
+    seq = args.seq_len or min(context, DEFAULT_WINDOW)
+    if seq > context:
+        raise InputError(f"--seq-len {seq} exceeds the model's context of {context}")
+    ids = tok.encode(text)[:args.max_tokens]
+    runner = start(args, config, weights, max_context=seq)
+    score = perplexity(runner, ids, seq)
+    if args.json:
+        print(json.dumps({"tokens": score.tokens, "windows": score.windows, "predictions": score.predictions,
+                          "nll": score.nll, "ppl": score.ppl, "argmax": score.argmax, "device": runner.device}))
+    else:
+        print(f"perplexity {score.ppl:.4f} (nll {score.nll:.4f} nats over {score.predictions} predictions)")
+    return 0

@@ -1,0 +1,157 @@
+"""GGUF files (llama.cpp's format) → an HF-style config, HF-named float32 weights, a tokenizer.
+
+llama.cpp's own reader (the `gguf` package) parses the file and dequantizes every tensor type it
+implements. What is ours is the translation to the HF checkpoint a converter started from:
+- the config, from the `<arch>.*` metadata, under HF names (`config_from_gguf`);
+- the tensor names: for each HF name the architecture expects, `gguf`'s tensor-name map says
+  which GGUF tensor holds it, so no name table lives here; a GGUF tensor left over is an error
+  rather than a silently dropped weight;
+- the layout: llama.cpp's converter permutes the q/k rows of llama-arch models for its
+  interleaved RoPE, undone here; GPT-2's projections go back to HF's Conv1D [in, out];
+- the tokenizer, from the `tokenizer.*` metadata (`tokenizer_gguf.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ModelConfig, config_from_dict
+from .errors import ConfigError, LoadError
+from .llama2c import qk_interleaved_to_half
+
+ARCHITECTURES = ("gpt2", "llama", "qwen3")  # GGUF `general.architecture` names = our model_type
+UNKNOWN_TYPE = re.compile(r"(\d+)\)? is not a valid GGMLQuantizationType")  # "np.uint32(99) is not..."
+
+
+def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray], Any]:
+    """(config, float32 weights in the HF checkpoint's names and layout, tokenizer)."""
+    from .loading import architecture
+    from .tokenizer_gguf import tokenizer_from_gguf
+
+    path = Path(path)
+    reader = _open(path)
+    meta = {k: f.contents() for k, f in reader.fields.items()}
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise LoadError(f"{path}: unsupported GGUF architecture {arch!r}: expected one of {', '.join(ARCHITECTURES)}")
+    tensors = {t.name: t for t in reader.tensors}
+    config = config_from_gguf(meta, tensors, path)
+    module = architecture(config.model_type)
+    names = _tensor_names(arch, config, module.expected_shapes(config), tensors, path)
+    ours = {hf: _dequantize(tensors[g], path) for hf, g in names.items()}
+    if arch == "llama":  # llama.cpp permutes q/k for llama-arch only (Qwen, GPT-2 are stored as HF's)
+        qk_interleaved_to_half(ours, config)
+    return config, module.unsanitize(ours, config), tokenizer_from_gguf(meta, str(path))
+
+
+def _open(path: Path) -> Any:
+    try:
+        from gguf import GGUFReader
+    except ImportError:  # a runtime dependency, but an environment may lack it
+        raise LoadError(f"reading {path} needs the gguf package: pip install 'gguf>=0.16'") from None
+    try:
+        return GGUFReader(path)
+    except (ValueError, OSError, IndexError, UnicodeDecodeError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        m = UNKNOWN_TYPE.search(msg)
+        if m:  # the reader meets the type id while listing tensors, before we see any
+            raise LoadError(f"{path}: unknown GGUF tensor type {m.group(1)}: expected a type the gguf "
+                            "package reads (F32, F16, BF16, Q4_0 ... Q8_0, K-quants, IQ-quants)") from None
+        raise LoadError(f"{path}: not a readable GGUF file ({msg})") from None
+
+
+def _dequantize(t: Any, path: Path) -> np.ndarray:
+    from gguf.quants import dequantize
+
+    try:
+        w = dequantize(t.data, t.tensor_type)  # numpy shape: the GGML dims reversed, [out, in]
+    except NotImplementedError:
+        raise LoadError(f"{path}: tensor {t.name} has type {t.tensor_type.name}, which the gguf package "
+                        "cannot dequantize: expected a float or quantized weight type") from None
+    return np.array(w, dtype=np.float32)  # owned and writable: F32 tensors come back as views of the mapped file
+
+
+# --- config -----------------------------------------------------------------------------------
+
+def config_from_gguf(meta: dict[str, Any], tensors: dict[str, Any], path: Path) -> ModelConfig:
+    """The HF config the converter read, rebuilt from `<arch>.*` metadata (llama.cpp's key names)."""
+    arch = meta["general.architecture"]
+
+    def get(key: str, default: Any = None) -> Any:
+        v = meta.get(f"{arch}.{key}", default)
+        if v is None:
+            raise LoadError(f"{path}: GGUF metadata {arch}.{key} is missing")
+        return v
+
+    if "token_embd.weight" not in tensors:
+        raise LoadError(f"{path}: GGUF tensor token_embd.weight is missing")
+    vocab = int(np.prod(tensors["token_embd.weight"].shape) // get("embedding_length"))
+    tied = "output.weight" not in tensors  # llama.cpp writes no output tensor for a tied head
+    ids = {k: meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos")}
+    if arch == "gpt2":
+        d = dict(n_embd=get("embedding_length"), n_layer=get("block_count"), n_head=get("attention.head_count"),
+                 n_positions=get("context_length"), n_inner=get("feed_forward_length"),
+                 layer_norm_epsilon=get("attention.layer_norm_epsilon"))
+    else:
+        d = _llama_config(arch, get, path)
+    d.update(model_type=arch, vocab_size=vocab, tie_word_embeddings=tied,
+             bos_token_id=ids["bos"], eos_token_id=ids["eos"])
+    try:
+        return config_from_dict(d, str(path))
+    except ConfigError as e:
+        raise LoadError(f"{path}: GGUF metadata describes a model we cannot run: {e}") from None
+
+
+def _llama_config(arch: str, get: Any, path: Path) -> dict[str, Any]:
+    hidden, heads = get("embedding_length"), get("attention.head_count")
+    kv = get("attention.head_count_kv", heads)
+    head_dim = get("attention.key_length", hidden // heads)  # Qwen3 sets it apart from hidden / heads
+    rot = get("rope.dimension_count", head_dim)
+    if rot != head_dim:
+        raise LoadError(f"{path}: partial RoPE ({arch}.rope.dimension_count {rot} of head_dim {head_dim}) "
+                        "is not supported: expected RoPE over the whole head")
+    return dict(hidden_size=hidden, intermediate_size=get("feed_forward_length"), num_hidden_layers=get("block_count"),
+                num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
+                rms_norm_eps=get("attention.layer_norm_rms_epsilon"), rope_theta=get("rope.freq_base", 10000.0),
+                rope_scaling=_rope_scaling(arch, get, path), max_position_embeddings=get("context_length"))
+
+
+def _rope_scaling(arch: str, get: Any, path: Path) -> dict[str, Any] | None:
+    kind = get("rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+    raise LoadError(f"{path}: unsupported {arch}.rope.scaling.type {kind!r}: expected none or linear")
+
+
+# --- tensors ----------------------------------------------------------------------------------
+
+def _tensor_names(arch: str, config: ModelConfig, expected: dict[str, tuple[int, ...]],
+                  tensors: dict[str, Any], path: Path) -> dict[str, str]:
+    """HF name -> GGUF name for every weight the architecture expects, from gguf's own name map."""
+    import gguf
+
+    by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
+    tmap = gguf.get_tensor_name_map(by_name[arch], config.num_hidden_layers)
+    names = {hf: tmap.get_name(hf, try_suffixes=(".weight", ".bias")) for hf in expected}
+    missing = [f"{g or '?'} ({hf})" for hf, g in names.items() if g not in tensors]
+    if missing:
+        more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise LoadError(f"{path}: GGUF tensors missing: {', '.join(missing[:3])}{more}")
+    extra = sorted(set(tensors) - set(names.values()))
+    if extra:
+        what = ("RoPE frequency factors (Llama 3.1-style scaling) are not supported"
+                if "rope_freqs.weight" in extra else "expected only the weights of the architecture")
+        raise LoadError(f"{path}: GGUF tensor {extra[0]} is not used by {arch}: {what}")
+    for hf, g in names.items():
+        shape = tuple(int(n) for n in reversed(tensors[g].shape))  # GGML lists dims innermost first
+        if shape != tuple(expected[hf]):
+            raise LoadError(f"{path}: GGUF tensor {g} has shape {shape}, expected {tuple(expected[hf])} for {hf}")
+    return names
+
