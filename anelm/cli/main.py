@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "chat": ("chat", "chat with a model"),
     "doctor": ("doctor", "report the machine and devices; run the hardware conformance suite"),
     "demo": ("demo", "compile a small transformer layer and run it on the best device"),
+    "bench": ("bench", "predict ANE time from the compiled programs (cost model) and measure beside it"),
 }
 
 
