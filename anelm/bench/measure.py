@@ -54,6 +54,9 @@ def time_generate(config, device, prompt_tokens: int = 32, new_tokens: int = 8) 
     runner = build_runner(config, weights, device, max_context=max(256, prompt_tokens + new_tokens + 1))
     ids = list(np.random.default_rng(0).integers(0, config.vocab_size, prompt_tokens))
     try:
+        warm = runner.new_cache()  # compile the bucket's and the tier's programs first
+        runner.prefill(ids, warm, last_only=True)
+        runner.decode(int(ids[0]), warm)
         cache = runner.new_cache()
         t0 = time.perf_counter()
         runner.prefill(ids, cache, last_only=True)

@@ -36,7 +36,7 @@ def roofline_png(path: str, kernels: list, chip_key: str, title: str) -> None:
     kernel (a KernelCost) placed at its intensity and predicted throughput."""
     chip = get_chip(chip_key)
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    xs = [2 ** (i / 4) for i in range(-8, 60)]
+    xs = [2 ** (i / 4) for i in range(0, 56)]  # 1 to 16384 FLOP/byte
     for unit, label in (("conv", "conv peak"), ("matmul", "matmul, operands within the working set")):
         ax.plot(xs, [attainable_flops(x, chip, unit) / 1e12 for x in xs], label=label)
     ax.axhline(chip.matmul_flops / 1e12, color="gray", ls="--", lw=1, label="matmul past the working set")
