@@ -27,6 +27,7 @@ SUBCOMMANDS = {
     "perplexity": ("perplexity", "score a text file with a model: perplexity and next-token choices"),
     "doctor": ("doctor", "report the machine and devices; run the hardware conformance suite"),
     "demo": ("demo", "compile a small transformer layer and run it on the best device"),
+    "bench": ("bench", "predict ANE time from the compiled programs (cost model) and measure beside it"),
 }
 
 

@@ -74,10 +74,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="run folder (default: runs/<timestamp>; required with --resume)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its latest checkpoint, towards the same --steps")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the predicted step time per chip (anelm bench's cost model) and exit; compiles nothing on a device")
     add_device_args(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        from ..bench.dry_run import dry_run
+        from ..train.settings import TrainSettings
+
+        return dry_run({n: getattr(args, n) for n in TrainSettings.names()})
     from ..device.profile import load_profile
     from ..device.select import get_device
     from ..errors import UsageError

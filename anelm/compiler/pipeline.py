@@ -38,10 +38,12 @@ PIPELINE: list[str | tuple[str, ...]] = [
     # Now that the returned values are final: MIL names that sort in declared order (strict §2.2).
     "io_naming",
     # Annotations and the last word: surface sizes (strict §2.3-2.4), the constraint
-    # catalogue of the profile, and the SRAM working set (a warning above 32 MiB).
+    # catalogue of the profile, the working set (a warning past the measured threshold), and
+    # the cost of one evaluation (FLOPs by unit, bytes) that anelm.bench turns into time.
     "uniform_surfaces",
     "ane_validate",
     "sram_estimate",
+    "cost_annotate",
 ]
 
 
@@ -94,6 +96,7 @@ def compile_graph(graph: Graph, profile: ChipProfile = STRICT, name: str | None 
         "concat_outputs": dict(g.meta.get("concat_outputs", {})),
         "surface_bytes": g.meta.get("surface_bytes"),
         "sram": g.meta.get("sram"),
+        "cost": g.meta.get("cost"),
         "warnings": list(g.meta.get("warnings", [])),
         "passes": g.meta["passes"],
     }

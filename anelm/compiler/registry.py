@@ -43,4 +43,4 @@ def run_pass(name: str, graph: Graph, profile: ChipProfile = STRICT) -> bool:
 
 def _load_passes() -> None:
     """Registration is by import: each module under compiler/passes registers its passes."""
-    from .passes import cleanup, decompose, layout, validate  # noqa: F401
+    from .passes import cleanup, cost, decompose, layout, validate  # noqa: F401

@@ -17,7 +17,10 @@ from pathlib import Path
 from ..errors import AnelmError
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
-SRAM_BYTES = 32 * 1024 * 1024  # on-chip SRAM; working sets above it spill (~30 % slower)
+# The working set past which ANE time climbs, as measured on the default chip (anelm/data/
+# ane_chips.json: 4.72 MB on the H16 family, 2.3 MB on M1; it replaces a retracted 32 MiB figure).
+SRAM_BYTES = int(json.loads((Path(__file__).resolve().parents[1] / "data" / "ane_chips.json").read_text())
+                 ["chips"]["m4"]["working_set_bytes"]["value"])
 
 
 @dataclass(frozen=True)

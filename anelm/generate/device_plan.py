@@ -37,7 +37,9 @@ from ..errors import DeviceError
 
 RESERVE = 8  # compiles left for other kernels of the same process
 PREFILL_MIN = 16  # smallest bucket: a short prompt costs one 16-column pass
-PREFILL_MAX = 1024  # [H, S, S] scores: 12 heads × 1024² × 2 B = 24 MiB, inside the 32 MiB SRAM
+PREFILL_MAX = 1024  # [H, S, S] scores: 12 heads × 1024² × 2 B = 24 MiB, past every chip's measured
+# working-set threshold (profile.SRAM_BYTES), so large buckets run slower per FLOP; still far
+# cheaper than decoding a long prompt token by token
 DECODE_MIN = 64  # smallest cache tier
 MAX_CONTEXT = 4096  # default cap on the device context: cache inputs are C × T × 2 bytes each
 

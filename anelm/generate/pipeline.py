@@ -17,7 +17,7 @@ What runs where:
     once per layer and cache tier, never per token; k_new/v_new come back and the host
     appends them at the token's position.
 - Final norm and vocabulary projection on the CPU in float32, for every model. GPT-2's tied
-  wte is 50257 × 768 × 2 B = 73 MiB in fp16, over twice the ~32 MiB on-chip SRAM: on the
+  wte is 50257 × 768 × 2 B = 73 MiB in fp16, over 15× the measured ~4.7 MB working-set threshold: on the
   device it would take at least three vocabulary chunks (three more programs out of the
   compile budget), each streamed from DRAM for one token's 768 inputs, so the product is
   bandwidth-bound wherever it runs. The CPU's BLAS reads the matrix once per token and keeps

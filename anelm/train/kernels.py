@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..compiler.passes.cost import graph_flops  # noqa: F401  (re-exported: the kernels' flop count)
 from ..errors import ShapeError
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Graph, Value
@@ -218,34 +219,3 @@ def build_graph(kind: str, m: Dims, mats: dict[str, np.ndarray] | None = None) -
     for name in sorted(outs):  # alphabetical: the strict binding order, so no renames
         ctx.b.output(name, outs[name])
     return ctx.b.build()
-
-
-# ------------------------------------------------------------------------------ flops
-
-_FREE = {"const", "reshape", "slice_by_size", "slice_by_index", "transpose", "identity", "cast"}
-
-
-def graph_flops(graph: Graph) -> int:
-    """Arithmetic of one evaluation, counted from the graph's ops.
-
-    matmul and conv count 2·(output elements)·K; softmax 5 per element (max, sub, exp, sum,
-    div); reductions one per input element; other elementwise ops one per output element;
-    data movement nothing.
-    """
-    total = 0
-    for n in graph.nodes:
-        if n.op in _FREE:
-            continue
-        out = int(np.prod(n.out.shape or ()))
-        if n.op == "matmul":
-            xs = n.inputs["x"].shape
-            total += 2 * out * (xs[-2] if n.params.get("transpose_x") else xs[-1])
-        elif n.op == "conv":
-            total += 2 * out * int(np.prod(n.inputs["weight"].shape[1:]))
-        elif n.op == "softmax":
-            total += 5 * out
-        elif n.op.startswith("reduce_"):
-            total += int(np.prod(n.inputs["x"].shape))
-        else:
-            total += out
-    return total

@@ -1,0 +1,15 @@
+"""`anelm bench`: a cost model of the ANE and the CPU side, and benchmarks that measure beside it.
+
+    chips.py      per-chip constants and published figures (anelm/data/ane_chips.json)
+    cost.py       one evaluation of a compiled program -> time on a chip (roofline + dispatch)
+    programs.py   the programs a benchmark, a training step or a decode runs, compiled on the host
+    step_model.py predicted training step: device kernels + CPU side, overlapped as the trainer does
+    gen_model.py  predicted prefill and decode
+    reference.py  the published programs as reference configurations, and `validate`
+    measure.py    the emulator (or the ANE) timed on the same programs
+    baseline.py   --save-baseline / --baseline
+    plots.py      the sram and roofline PNGs
+
+The model knows only what the compiled programs and the data file tell it; see the README's
+"Cost model" section for what it does not know.
+"""

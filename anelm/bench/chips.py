@@ -1,0 +1,109 @@
+"""Per-chip constants and the published figures, from one data file (anelm/data/ane_chips.json).
+
+Every constant carries its source. A few are fitted on microbenchmark figures (`fitted_on`)
+by the rules in `FIT_RULES`; the values in the file are frozen, and `refit()` recomputes them
+from the figures so a test can prove the frozen numbers are what the fit gives. End-to-end
+figures are never fitted: they are what `anelm bench validate` predicts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import UsageError
+
+DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "ane_chips.json"
+CONSTANTS = ("conv_fp16_flops", "int8_ops", "matmul_flops", "dispatch_s", "working_set_bytes",
+             "spill_slowdown", "ane_bytes_per_s", "compile_s", "cpu_sgemm_flops",
+             "cpu_vector_bytes_per_s", "cpu_dram_bytes_per_s")
+RMSNORM_BYTES_PER_ELEMENT = 32  # fp32: forward reads x twice, writes y; backward reads 4, writes dx
+SME_PEAK_M4 = 2.3e12            # Hello SME (arXiv:2409.18779): register-only FP32 FMA rate
+AMX_LOAD_BOUND_SHARE = 640 / 1475  # M1: sgemm with loads (610-680 GFLOPS) over load-free (1475)
+
+
+@dataclass(frozen=True)
+class Chip:
+    key: str
+    name: str
+    values: dict[str, float]
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __getattr__(self, item: str) -> float:
+        values = object.__getattribute__(self, "values")
+        if item in values:
+            return values[item]
+        raise AttributeError(item)
+
+
+@lru_cache(maxsize=1)
+def data() -> dict:
+    return json.loads(DATA_FILE.read_text(encoding="utf-8"))
+
+
+def chip_names() -> list[str]:
+    return list(data()["chips"])
+
+
+def get_chip(key: str | None = None) -> Chip:
+    key = key or data()["default_chip"]
+    chips = data()["chips"]
+    if key not in chips:
+        raise UsageError(f"unknown chip {key!r}; expected one of {', '.join(chips)} (anelm bench --chips)")
+    entry = chips[key]
+    missing = [c for c in CONSTANTS if c not in entry]
+    assert not missing, f"{DATA_FILE}: chip {key} lacks {missing}"
+    return Chip(key, entry["name"], {c: float(entry[c]["value"]) for c in CONSTANTS},
+                {c: entry[c]["source"] for c in CONSTANTS})
+
+
+def figures() -> list[dict]:
+    return list(data()["figures"])
+
+
+def figure(name: str) -> dict:
+    for f in data()["figures"]:
+        if f["name"] == name:
+            return f
+    raise KeyError(name)
+
+
+def breakdowns() -> list[dict]:
+    return list(data()["breakdowns"])
+
+
+# --------------------------------------------------------------------------- the fit
+
+def _chain_rate(fig: dict, chip: Chip) -> float:
+    """Rate of a conv chain: its arithmetic over the time past one dispatch."""
+    p = fig["program"]
+    flops = 2 * p["channels"] ** 2 * p["spatial"] * p["depth"]
+    return flops / (fig["published"] * 1e-3 - chip.dispatch_s)
+
+
+def _rmsnorm_bandwidth(fig: dict, chip: Chip) -> float:
+    p = fig["program"]
+    return p["norms"] * RMSNORM_BYTES_PER_ELEMENT * p["dim"] * p["tokens"] / (fig["published"] * 1e-3)
+
+
+# constant -> rule(figure named by `fitted_on`, chip) -> value
+FIT_RULES = {
+    "conv_fp16_flops": _chain_rate,
+    "int8_ops": _chain_rate,
+    "cpu_vector_bytes_per_s": _rmsnorm_bandwidth,
+}
+
+
+def refit(key: str) -> dict[str, float]:
+    """The fitted constants of chip `key`, recomputed from the figures they name."""
+    chip, entry, out = get_chip(key), data()["chips"][key], {}
+    for const, spec in entry.items():
+        if not isinstance(spec, dict) or "fitted_on" not in spec:
+            continue
+        if const == "cpu_sgemm_flops":
+            out[const] = SME_PEAK_M4 * AMX_LOAD_BOUND_SHARE
+        else:
+            out[const] = FIT_RULES[const](figure(spec["fitted_on"]), chip)
+    return out

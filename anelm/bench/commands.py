@@ -1,0 +1,188 @@
+"""The benchmarks of `anelm bench`: each returns (the JSON object, lines for a human, PNG maker).
+
+On a machine without the ANE every benchmark predicts the chip and measures the emulator beside
+it (`emulator_*` keys); `measured_*` keys are the ANE's own figures and stay null elsewhere.
+"""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+from . import programs
+from .chips import chip_names, get_chip
+from .cost import eval_time
+from .gen_model import predict_generate
+from .reference import validate
+from .step_model import StepSpec, predict_step
+
+PEAK_CONFIGS = (("fp16", 512, 4096, 128), ("int8", 512, 4096, 128))
+EMULATED_DEPTH = 4  # the emulator runs a 4-deep chain of the same width (the 128-deep one takes minutes)
+SRAM_SIZES = (128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
+EMULATED_MAX_N = 1024
+
+
+def _device(measure: bool):
+    if not measure:
+        return None
+    from ..device.select import get_device
+
+    return get_device("auto")
+
+
+def _measured_key(device) -> str:
+    return "measured" if device is not None and device.name == "ane" else "emulator"
+
+
+def peak(chip: str, measure: bool, repeat: int, **_) -> tuple[dict, list[str], object]:
+    c, dev, rows, lines = get_chip(chip), _device(measure), [], []
+    for dtype, ch, sp, depth in PEAK_CONFIGS:
+        k = programs.conv_chain(ch, sp, depth, dtype)
+        t = eval_time(k, c).total_s
+        row = {"dtype": dtype, "channels": ch, "spatial": sp, "depth": depth,
+               "predicted_ms": t * 1e3, "predicted_tflops": k.total_flops / t / 1e12}
+        if dev is not None:
+            from .measure import time_program
+
+            _, art = programs.compiled(("conv_chain", ch, sp, EMULATED_DEPTH, dtype),
+                                       lambda: programs.conv_chain_graph(ch, sp, EMULATED_DEPTH, dtype))
+            s = time_program(art, dev, repeat)
+            row[f"{_measured_key(dev)}_depth{EMULATED_DEPTH}_ms"] = s * 1e3
+            row[f"{_measured_key(dev)}_tflops"] = 2 * ch * ch * sp * EMULATED_DEPTH / s / 1e12
+        rows.append(row)
+        lines.append(f"{dtype:5s} {depth}x conv {ch}ch sp{sp}: predicted {row['predicted_ms']:.2f} ms "
+                     f"({row['predicted_tflops']:.1f} TFLOP/s) on {c.name}")
+    return {"chip": chip, "peak": rows}, lines, None
+
+
+def sram(chip: str, chips: list[str], measure: bool, repeat: int, **_):
+    dev, rows, lines = _device(measure), [], []
+    for n in SRAM_SIZES:
+        k = programs.matmul(n)
+        row = {"n": n, "working_set_bytes": k.working_set_bytes,
+               "predicted_ms": {key: eval_time(k, get_chip(key)).total_s * 1e3 for key in chips}}
+        if dev is not None and n <= EMULATED_MAX_N:
+            from .measure import time_program
+
+            row["measured_ms"] = time_program(programs.compiled(("matmul", n), lambda: None)[1], dev, repeat) * 1e3
+            row["measured_on"] = dev.name
+        rows.append(row)
+        pred = ", ".join(f"{key} {v:.3f}" for key, v in row["predicted_ms"].items())
+        lines.append(f"matmul {n}^3, working set {k.working_set_bytes / 2**20:.2f} MiB: predicted ms {pred}"
+                     + (f"; {dev.name} {row['measured_ms']:.1f} ms" if "measured_ms" in row else ""))
+    thresholds = {key: get_chip(key).working_set_bytes for key in chips}
+
+    def png(path):
+        from .plots import sram_png
+
+        sram_png(path, rows, chips)
+    return {"chip": chip, "working_set_threshold_bytes": thresholds, "sweep": rows}, lines, png
+
+
+def _spec(preset: str, seq_len, batch, accum, pipeline) -> StepSpec:
+    from ..train.presets import TRAIN_DEFAULTS, get_preset
+
+    cfg, d = get_preset(preset), TRAIN_DEFAULTS.get(preset, {})
+    seq = seq_len or d.get("seq_len", 256)
+    if seq > cfg["max_position_embeddings"]:
+        raise UsageError(f"--seq-len {seq}: expected at most the preset's context {cfg['max_position_embeddings']}")
+    return StepSpec(cfg, seq, batch or d.get("batch_size", 8), accum or 1, pipeline)
+
+
+def train(chip: str, preset: str | None, pipeline: str, measure: bool, repeat: int,
+          seq_len=None, batch_size=None, grad_accum=None, **_):
+    preset = preset or "tiny"
+    spec = _spec(preset, seq_len, batch_size, grad_accum, pipeline)
+    r = predict_step(spec, get_chip(chip))
+    out = {"chip": chip, "preset": preset, "pipeline": pipeline, "seq_len": spec.seq_len,
+           "batch_size": spec.batch, "grad_accum": spec.accum, "predicted_step_ms": r["predicted_step_ms"],
+           "predicted_breakdown": r["predicted_breakdown"], "predicted_dispatch_ms": r["predicted_dispatch_ms"],
+           "predicted_dw_ms": r["predicted_dw_ms"], "emulator_step_ms": None, "measured_step_ms": None}
+    dev = _device(measure)
+    if dev is not None:
+        from .measure import time_train_step
+
+        s = time_train_step(spec.config, dev, spec.seq_len, spec.batch, pipeline, repeat) * spec.accum
+        out[f"{_measured_key(dev)}_step_ms"] = s * 1e3  # forward + backward; the update is not timed
+    lines = [f"{preset} ({pipeline}, {spec.batch}x{spec.seq_len} tokens, accum {spec.accum}) on "
+             f"{get_chip(chip).name}: predicted {r['predicted_step_ms']:.1f} ms/step"]
+    lines += [f"  {k:<20s} {v:9.2f} ms" for k, v in r["predicted_breakdown"].items()]
+    for key in ("emulator_step_ms", "measured_step_ms"):
+        if out[key] is not None:
+            lines.append(f"{key.split('_')[0]} (forward + backward, this host): {out[key]:.0f} ms")
+    return out, lines, None
+
+
+def kernels(chip: str, preset: str | None, pipeline: str, seq_len=None, batch_size=None, **_):
+    preset = preset or "tiny"
+    spec = _spec(preset, seq_len, batch_size, 1, pipeline)
+    r = predict_step(spec, get_chip(chip))
+    rows = [{k: v for k, v in row.items()} for row in r["kernels"]]
+    lines = [f"{'kernel':12s} {'side':9s} {'evals':>6s} {'ms/eval':>8s} {'share':>6s} {'bound':9s} "
+             f"{'GFLOP':>7s} {'MB':>7s} {'ws MB':>6s}"]
+    for k in rows:
+        lines.append(f"{k['kernel']:12s} {k['side']:9s} {k['evaluations']:6d} {k['eval_ms']:8.3f} "
+                     f"{100 * k['share']:5.1f}% {k['bound']:9s} {k['flops'] / 1e9:7.3f} {k['bytes'] / 1e6:7.2f} "
+                     f"{k['working_set_bytes'] / 1e6:6.2f}")
+    costs = [(k.kind, k.cost) for k in programs.train_kernels(spec.dims, pipeline)]
+
+    def png(path):
+        from .plots import roofline_png
+
+        roofline_png(path, costs, chip, f"{preset} training kernels ({pipeline}, S={spec.seq_len})")
+    return {"chip": chip, "preset": preset, "pipeline": pipeline, "kernels": rows}, lines, png
+
+
+def generate(chip: str, preset: str | None, model: str | None, measure: bool, **_):
+    from ..models.config import config_from_dict
+    from ..train.presets import get_preset
+
+    if model:
+        from pathlib import Path
+
+        from ..models.loading import read_config
+
+        config, name = read_config(Path(model)), model
+    else:
+        name = preset or "tiny"
+        config = config_from_dict(get_preset(name), name)
+    r = predict_generate(config, get_chip(chip))
+    out = {"chip": chip, "model": name, **{k: v for k, v in r.items() if k != "chip"},
+           "emulator_prefill_ms": None, "emulator_decode_tokens_per_s": None}
+    dev = _device(measure)
+    if dev is not None:
+        from .measure import time_generate
+
+        pre, dec = time_generate(config, dev)
+        key = _measured_key(dev)
+        out[f"{key}_prefill_ms"], out[f"{key}_decode_tokens_per_s"] = pre * 1e3, 1 / dec
+    lines = [f"{name} on {get_chip(chip).name}: predicted prefill (bucket {r['prefill_bucket']}) "
+             f"{r['predicted_prefill_ms']:.2f} ms, decode {r['predicted_decode_tokens_per_s']:.0f} tokens/s "
+             f"({r['predicted_decode_ms']:.2f} ms, cache tier {r['decode_tier']})"]
+    if out.get("emulator_prefill_ms"):
+        lines.append(f"emulator (this host): prefill {out['emulator_prefill_ms']:.0f} ms, "
+                     f"decode {out['emulator_decode_tokens_per_s']:.1f} tokens/s")
+    return out, lines, None
+
+
+def validate_cmd(**_):
+    v = validate()
+    lines = [f"{'figure':58s} {'chip':7s} {'published':>10s} {'predicted':>10s} {'error':>7s}  fit"]
+    for r in v["figures"]:
+        mark = "fitted" if r["fitted"] else ("held out" if r["kind"] != "microbenchmark" else "check")
+        lines.append(f"{r['name'][:58]:58s} {r['chip']:7s} {r['published']:10.3f} {r['predicted']:10.3f} "
+                     f"{100 * r['error']:+6.1f}%  {mark}")
+    for b in v["breakdown_ranks"]:
+        lines.append(f"{b['name']}: published order {', '.join(b['published_order'])}")
+        lines.append(f"  predicted order {', '.join(b['predicted_order'])} (Spearman {b['spearman']:.2f})")
+    return v, lines, None
+
+
+BENCHMARKS = {"peak": peak, "sram": sram, "kernels": kernels, "train": train, "generate": generate,
+              "validate": validate_cmd}
+
+
+def chips_table() -> tuple[dict, list[str]]:
+    rows = {k: {"name": get_chip(k).name, **get_chip(k).values} for k in chip_names()}
+    lines = [f"{k:7s} {v['name']}: conv {v['conv_fp16_flops'] / 1e12:.1f} / matmul {v['matmul_flops'] / 1e12:.1f} "
+             f"TFLOP/s, int8 {v['int8_ops'] / 1e12:.1f} TOPS, dispatch {v['dispatch_s'] * 1e3:.3f} ms, "
+             f"working set {v['working_set_bytes'] / 1e6:.2f} MB" for k, v in rows.items()]
+    return {"chips": rows}, lines

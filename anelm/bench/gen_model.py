@@ -1,0 +1,53 @@
+"""Predicted prefill and decode: the generate pipeline's programs (anelm/generate) on a chip.
+
+Per token, decode runs every layer's decode program once over the cache tier the position
+reads (device_plan.py), and the host writes that tier of the cache into the inputs and reads
+the new K/V back; the final norm and the vocabulary projection run on the CPU in fp32, a
+matrix-vector product bound by reading V·D·4 bytes. Prefill runs each layer's bucket program
+once, then the head for the last position.
+"""
+
+from __future__ import annotations
+
+from ..generate.device_plan import plan_sizes
+from .chips import Chip
+from .cost import eval_time
+from .programs import decode_program, orion_decode_programs, prefill_program
+from .step_model import IO_BYTES
+
+
+def _head_s(vocab: int, d: int, chip: Chip) -> float:
+    """fp32 logits for one position: a matvec, the larger of its arithmetic and its reads."""
+    return max(2 * vocab * d / chip.cpu_sgemm_flops, 4 * vocab * d / chip.cpu_dram_bytes_per_s)
+
+
+def _io_s(k, chip: Chip) -> float:
+    return k.io_bytes / 2 * IO_BYTES / chip.cpu_vector_bytes_per_s  # fp16 elements, both sides
+
+
+def predict_generate(config, chip: Chip, prompt_tokens: int = 32, position: int = 128,
+                     budget: int = 119) -> dict:
+    """Prefill of `prompt_tokens` and one decode step at `position`, our pipeline's programs."""
+    layers = config.num_hidden_layers
+    plan = plan_sizes(layers, min(config.max_position_embeddings, 4096), budget)
+    bucket, tier = plan.bucket(min(prompt_tokens, plan.prefill[-1])), plan.tier(min(position, plan.context - 1))
+    dec, pre = decode_program(config, tier), prefill_program(config, bucket)
+    head = _head_s(config.vocab_size, config.hidden_size, chip)
+    t_dec = eval_time(dec, chip)
+    decode_s = layers * (t_dec.total_s + _io_s(dec, chip)) + head
+    prefill_s = layers * (eval_time(pre, chip).total_s + _io_s(pre, chip)) + head
+    return {"chip": chip.key, "prefill_bucket": bucket, "decode_tier": tier,
+            "predicted_prefill_ms": prefill_s * 1e3, "predicted_decode_ms": decode_s * 1e3,
+            "predicted_decode_tokens_per_s": 1.0 / decode_s,
+            "kernels": [{"kernel": f"decode_t{tier}", "evaluations": layers, "eval_ms": t_dec.total_s * 1e3,
+                         "bound": t_dec.bound, "flops": dec.total_flops, "bytes": dec.bytes_moved}]}
+
+
+def predict_orion_decode(chip: Chip, layers: int = 12, d: int = 768, vocab: int = 50257,
+                         context: int = 64) -> float:
+    """Orion's GPT-2 decode, seconds per token: two programs per layer on the device; attention
+    over `context` positions, Wo and the logits on the CPU in fp32 (orion-facts §3)."""
+    device = sum(eval_time(k, chip).total_s + k.io_bytes / 4 * 8 / chip.cpu_vector_bytes_per_s  # fp32 I/O
+                 for k in orion_decode_programs(d))
+    attention = (2 * 2 * context * d * 4 + d * d * 4) / chip.cpu_dram_bytes_per_s  # K, V reads; Wo
+    return layers * (device + attention) + _head_s(vocab, d, chip)

@@ -1,0 +1,123 @@
+"""The predicted training step: the device kernels, the CPU side, and how they overlap.
+
+A step is `accum` micro-steps of `batch` sequences of S tokens, then one optimizer update.
+Per micro-step, as the trainer (anelm/train/step.py) and maderix's dynamic pipeline run it:
+
+    forward    per layer: device qkv, sdpa_fwd, wo, ffn_up, ffn_down; CPU norms, RoPE, residuals
+    head       CPU final norm, classifier logits and dy (sgemm), softmax cross-entropy
+    backward   per layer: device dx kernels; CPU SwiGLU backward, norm backward, inverse RoPE
+    dW         CPU sgemm on a worker queue, overlapping the backward; only what outlasts it shows
+    update     AdamW over every parameter (dynamic: the new weights restaged into the inputs;
+               static: every weighted kernel recompiled), once per step
+
+Device time comes from the compiled kernels (cost.py). CPU time comes from the chip's published
+CPU figures: sgemm FLOPs at `cpu_sgemm_flops`, elementwise passes as fp32 bytes at
+`cpu_vector_bytes_per_s` (fitted on a vDSP RMSNorm timing), host I/O as bytes converted
+between the fp32 arrays and the fp16 surfaces at the same rate. Never the host's speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..train.cpu_ops import matmul_flops
+from .chips import RMSNORM_BYTES_PER_ELEMENT, Chip
+from .cost import eval_time
+from .programs import train_kernels
+
+F32, IO_BYTES = 4, 6          # fp32 bytes; a host<->surface element: fp32 side + fp16 side
+RMS_FWD = 12                  # of RMSNORM_BYTES_PER_ELEMENT: the forward's share (read 2, write 1)
+ADAMW_BYTES = 28              # per parameter: read p, g, m, v; write p, m, v (fp32)
+ACCUMULATE_BYTES = 12         # per parameter and extra micro-step: read acc, g; write acc
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What a training step runs: a model config (HF dict) and the run's shape."""
+
+    config: dict
+    seq_len: int
+    batch: int = 1
+    accum: int = 1
+    pipeline: str = "dynamic"
+    classifier_rows: int | None = None   # a compacted vocabulary (maderix): rows the CPU uses
+    qk_norm: bool | None = None          # None: from the config (Qwen3 has q/k norms)
+    count_recompile: bool = True         # static: charge the per-update recompiles to the step
+    # CPU work that differs between programs (ours: all True; maderix: RoPE forward in the
+    # kernel, no clamps, dW accumulated by the sgemm itself)
+    cpu_rope_forward: bool = True
+    clamp_inputs: bool = True
+    accumulate_pass: bool = True
+
+    @property
+    def dims(self):
+        from ..train.kernels import Dims
+
+        c = self.config
+        hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        return Dims(c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
+                    c.get("num_key_value_heads") or c["num_attention_heads"], hd, self.seq_len)
+
+
+def _params(c: dict) -> int:
+    from ..train.presets import count_params
+
+    return count_params(c)
+
+
+def predict_step(spec: StepSpec, chip: Chip) -> dict:
+    """Predicted time of one optimizer step, its additive breakdown and the per-kernel table."""
+    m, c = spec.dims, spec.config
+    layers, n = c["num_hidden_layers"], spec.batch * spec.seq_len
+    vocab = spec.classifier_rows or c["vocab_size"]
+    qk = (c.get("model_type") == "qwen3") if spec.qk_norm is None else spec.qk_norm
+    evals = layers * spec.batch
+    vec = chip.cpu_vector_bytes_per_s
+    kernels, dev = [], {"forward": 0.0, "backward": 0.0}
+    io = {"forward": 0.0, "backward": 0.0}
+    for k in train_kernels(m, spec.pipeline):
+        t = eval_time(k.cost, chip)
+        side = "forward" if k.forward else "backward"
+        dev[side] += t.total_s * evals
+        io[side] += (k.act_in_elements + k.out_elements) * IO_BYTES * evals / vec
+        kernels.append({"kernel": k.kind, "side": side, "evaluations": evals, "eval_ms": t.total_s * 1e3,
+                        "bound": t.bound, "flops": k.cost.total_flops, "bytes": k.cost.bytes_moved,
+                        "working_set_bytes": k.cost.working_set_bytes, "spilled_flops": t.spilled_flops,
+                        "_weights": k.weight_elements})
+    qkv = m.q + m.kv
+    rms_fwd = layers * 2 * RMS_FWD * m.d * n / vec
+    rms_bwd = layers * 2 * (RMSNORM_BYTES_PER_ELEMENT - RMS_FWD) * m.d * n / vec
+    swiglu = layers * 20 * m.f * n / vec
+    # residual adds, RoPE (reads cos/sin), fp16 clamps of what enters a surface, q/k norms
+    other_fwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.cpu_rope_forward else 0)
+                              + (8 * (2 * m.d + qkv) if spec.clamp_inputs else 0) + (12 * qkv if qk else 0)) / vec
+    other_bwd = layers * n * (2 * 12 * m.d + 16 * qkv + (20 * qkv if qk else 0)) / vec
+    head_vec = (RMSNORM_BYTES_PER_ELEMENT * m.d + 20 * vocab + 16 * m.d) * n / vec  # norm, CE, embed
+    classifier = 2 * matmul_flops(vocab, m.d, n) / chip.cpu_sgemm_flops + head_vec
+    dw = (layers * (matmul_flops(m.d, n, 2 * m.q + 2 * m.kv) + matmul_flops(m.d, n, 3 * m.f))
+          + matmul_flops(vocab, m.d, n)) / chip.cpu_sgemm_flops
+    bwd_main = dev["backward"] + io["backward"] + swiglu + rms_bwd + other_bwd
+    dw_exposed = max(0.0, dw - bwd_main)
+    p = _params(c)
+    accumulate = ACCUMULATE_BYTES * p * (spec.accum - 1) if spec.accumulate_pass else 0
+    optimizer = (ADAMW_BYTES * p + accumulate) / vec
+    restage = recompile = 0.0
+    if spec.pipeline == "dynamic":
+        restage = layers * sum(k.pop("_weights") for k in kernels) * IO_BYTES / vec
+    else:
+        weighted = sum(1 for k in kernels if k.pop("_weights"))
+        recompile = weighted * layers * chip.compile_s if spec.count_recompile else 0.0
+    a = spec.accum
+    parts = {"device_forward_ms": dev["forward"] * a, "device_backward_ms": dev["backward"] * a,
+             "io_forward_ms": io["forward"] * a, "io_backward_ms": io["backward"] * a,
+             "restage_ms": restage, "classifier_ms": classifier * a, "swiglu_backward_ms": swiglu * a,
+             "rmsnorm_ms": (rms_fwd + rms_bwd) * a, "other_cpu_ms": (other_fwd + other_bwd) * a,
+             "dw_exposed_ms": dw_exposed * a, "optimizer_ms": optimizer, "recompile_ms": recompile}
+    parts = {k: v * 1e3 for k, v in parts.items()}
+    step_ms = sum(parts.values())
+    for k in kernels:
+        k["share"] = k["eval_ms"] * k["evaluations"] * a / step_ms
+    return {"chip": chip.key, "predicted_step_ms": step_ms, "predicted_breakdown": parts,
+            "predicted_dispatch_ms": chip.dispatch_s * 1e3 * len(kernels) * evals * a,
+            "predicted_dw_ms": dw * 1e3 * a, "predicted_device_flops": sum(
+                k["flops"] for k in kernels) * evals * a, "kernels": kernels}

@@ -1,0 +1,103 @@
+"""The cost annotation: what one evaluation of the program asks of the chip.
+
+`cost_annotate` runs last, on the final graph, and records meta["cost"]:
+
+    flops            {"conv", "matmul", "vector", "int8"}: arithmetic by the unit that does it
+    ops              [[unit, flops, operand_bytes], ...]: the conv/matmul arithmetic grouped by
+                     the bytes its operands hold on chip (a conv's weight; both matmul operands),
+                     which is what a chip's working-set threshold is compared with
+    weight_bytes     bytes of the consts as stored (int8 blobs at one byte an element)
+    io_bytes         bytes of the packed input and output tensors (what crosses DRAM at least once)
+    working_set_bytes   the sram_estimate figure: weights + the largest live activation set
+
+The cost model (`anelm.bench`) turns these into time per chip; the trainer's `device_flops`
+metric is the sum of `flops`. Counting rules: matmul and conv 2·(output elements)·K; softmax
+5 per element (max, sub, exp, sum, div); reductions one per input element; other elementwise
+ops one per output element; data movement nothing. A conv or matmul whose activation comes
+from `dequantize` and whose weight from `constexpr_affine_dequantize` runs on the int8 path
+(W8A8, maderix-ane-facts §10.3); weight-only int8 still computes in fp16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...device.profile import STRICT, ChipProfile
+from ...ir.graph import Graph, Node
+from ..registry import register_pass
+
+FREE_OPS = {"const", "reshape", "slice_by_size", "slice_by_index", "transpose", "identity", "cast",
+            "constexpr_affine_dequantize"}
+
+
+def _is_int8_path(n: Node) -> bool:
+    x = n.inputs.get("x")
+    y = n.inputs.get("weight" if n.op == "conv" else "y")
+    def made_by(v, op: str) -> bool:
+        return v is not None and v.producer is not None and v.producer.op == op
+    return made_by(x, "dequantize") and made_by(y, "constexpr_affine_dequantize")
+
+
+def node_flops(n: Node) -> tuple[str, int]:
+    """(unit, arithmetic) of one node: unit is conv, matmul, vector or int8."""
+    if n.op in FREE_OPS:
+        return "vector", 0
+    out = int(np.prod(n.out.shape or ()))
+    if n.op == "matmul":
+        xs = n.inputs["x"].shape
+        flops = 2 * out * (xs[-2] if n.params.get("transpose_x") else xs[-1])
+    elif n.op == "conv":
+        flops = 2 * out * int(np.prod(n.inputs["weight"].shape[1:]))
+    elif n.op == "softmax":
+        return "vector", 5 * out
+    elif n.op.startswith("reduce_"):
+        return "vector", int(np.prod(n.inputs["x"].shape))
+    else:
+        return "vector", out
+    return ("int8" if _is_int8_path(n) else n.op), flops
+
+
+def flops_by_unit(graph: Graph) -> dict[str, int]:
+    units = {"conv": 0, "matmul": 0, "vector": 0, "int8": 0}
+    for n in graph.nodes:
+        unit, f = node_flops(n)
+        units[unit] += f
+    return units
+
+
+def _operand_bytes(n: Node) -> int:
+    """Bytes an op keeps on chip: a conv streams its activation past its weight; a matmul
+    holds both operands (in the dynamic pipeline the weight is one of them)."""
+    if n.op == "conv":
+        return n.inputs["weight"].type.nbytes
+    return n.inputs["x"].type.nbytes + n.inputs["y"].type.nbytes
+
+
+def heavy_ops(graph: Graph) -> list[list]:
+    """[[unit, flops, operand_bytes], ...] of the conv/matmul nodes, equal entries summed."""
+    groups: dict[tuple[str, int], int] = {}
+    for n in graph.nodes:
+        if n.op in ("conv", "matmul"):
+            unit, f = node_flops(n)
+            key = (unit, _operand_bytes(n))
+            groups[key] = groups.get(key, 0) + f
+    return [[unit, f, b] for (unit, b), f in sorted(groups.items())]
+
+
+def graph_flops(graph: Graph) -> int:
+    """Arithmetic of one evaluation (all units), counted from the graph's ops."""
+    return sum(flops_by_unit(graph).values())
+
+
+@register_pass("cost_annotate")
+def cost_annotate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
+    """Annotate (no rewrite) meta["cost"] for the cost model; see the module doc."""
+    io = sum(v.type.nbytes for v in graph.inputs) + sum(v.type.nbytes for v in graph.outputs.values())
+    graph.meta["cost"] = {
+        "flops": flops_by_unit(graph),
+        "ops": heavy_ops(graph),
+        "weight_bytes": sum(n.out.type.nbytes for n in graph.nodes if n.is_const),
+        "io_bytes": int(io),
+        "working_set_bytes": int((graph.meta.get("sram") or {}).get("estimate_bytes", 0)),
+    }
+    return None

@@ -1,0 +1,93 @@
+"""`bench validate` JSON, the frozen fit, baseline semantics, and one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from anelm.bench import baseline, chips
+
+
+def _anelm(*args, **kw):
+    env = {**os.environ, "ANELM_DEBUG": ""}
+    return subprocess.run([sys.executable, "-m", "anelm", *args], capture_output=True, text=True, env=env, **kw)
+
+
+@pytest.fixture(scope="module")
+def validated():
+    r = _anelm("bench", "validate", "--json")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1
+    return json.loads(lines[0])
+
+
+def test_validate_lists_every_figure_with_prediction_and_error(validated):
+    rows = validated["figures"]
+    names = {r["name"] for r in rows}
+    assert {f["name"] for f in chips.figures()} <= names
+    for r in rows:
+        assert {"name", "source", "published", "predicted", "error", "fitted"} <= set(r)
+        assert r["error"] == pytest.approx((r["predicted"] - r["published"]) / r["published"])
+
+
+def test_end_to_end_figures_are_held_out(validated):
+    e2e = [r for r in validated["figures"] if r["kind"] in ("end_to_end", "breakdown")]
+    assert e2e and not any(r["fitted"] for r in e2e)
+    assert all(r["kind"] == "microbenchmark" for r in validated["figures"] if r["fitted"])
+    assert any(r["name"] == "maderix Stories110M dynamic step" for r in e2e)
+
+
+def test_frozen_constants_are_what_the_fit_gives():
+    for key in chips.chip_names():
+        frozen = chips.get_chip(key).values
+        for const, value in chips.refit(key).items():
+            assert frozen[const] == pytest.approx(value, rel=1e-4), (key, const)
+
+
+def test_baseline_is_direction_aware_with_per_metric_thresholds():
+    base = {"predicted_step_ms": 100.0, "emulator_decode_tokens_per_s": 10.0, "x": {"emulator_step_ms": 100.0}}
+    assert baseline.regressions(base, base) == []
+    slower = {**base, "predicted_step_ms": 102.0}            # 2 % > the model's 1 %
+    assert [line.split()[0] for line in baseline.regressions(slower, base)] == ["predicted_step_ms"]
+    faster = {**base, "predicted_step_ms": 50.0, "emulator_decode_tokens_per_s": 20.0}
+    assert baseline.regressions(faster, base) == []           # lower ms and higher rate are better
+    fewer = {**base, "emulator_decode_tokens_per_s": 5.0}     # half the rate: worse than 30 %
+    assert [line.split()[0] for line in baseline.regressions(fewer, base)] == ["emulator_decode_tokens_per_s"]
+    noisy = {**base, "x": {"emulator_step_ms": 125.0}}        # within the emulator's noise
+    assert baseline.regressions(noisy, base) == []
+    assert [line.split()[0] for line in baseline.regressions({**base, "x": {"emulator_step_ms": 150.0}}, base)] \
+        == ["x.emulator_step_ms"]
+
+
+def test_cli_baseline_exits_1_naming_the_metric(tmp_path):
+    f = tmp_path / "base.json"
+    r = _anelm("bench", "train", "--preset", "tiny", "--no-measure", "--json", f"--save-baseline={f}")
+    assert r.returncode == 0, r.stderr
+    saved = json.loads(f.read_text())
+    assert json.loads(r.stdout) == saved and saved["measured_step_ms"] is None
+    saved["predicted_step_ms"] /= 2  # the baseline was twice as fast
+    f.write_text(json.dumps(saved))
+    r = _anelm("bench", "train", "--preset", "tiny", "--no-measure", "--json", "--baseline", str(f))
+    assert r.returncode == 1
+    assert "predicted_step_ms" in r.stderr
+
+
+@pytest.mark.parametrize("args, code", [(["bench", "train", "--chip", "m9"], 2),
+                                        (["bench", "peak", "--png", "x.png", "--no-measure"], 2),
+                                        (["bench"], 2),
+                                        (["bench", "validate", "--baseline", "/nonexistent.json"], 1)])
+def test_bad_input_is_one_line(args, code):
+    r = _anelm(*args)
+    assert r.returncode == code
+    assert r.stderr.startswith("anelm: error:") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_train_dry_run_prints_every_chip_and_compiles_nothing_on_a_device(tmp_path):
+    r = _anelm("train", "--dry-run", "--preset", "tiny", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[0] for line in r.stdout.strip().splitlines()] == chips.chip_names()
+    assert not any(tmp_path.iterdir())  # no run folder
+    assert "emulator" not in r.stderr and "ANE" not in r.stderr  # no device was chosen
