@@ -12,7 +12,8 @@ import json
 
 import numpy as np
 import pytest
-from hf_tiny import SHARED, hf_logits, rel_err, torch, transformers
+from hf_tiny import hf_logits, rel_err, torch, transformers
+from helpers import shared_path
 
 from anelm.cli.main import main
 from anelm.models.loading import build_model, load_model
@@ -95,9 +96,7 @@ GPT2_MERGES = 2000  # a small vocabulary keeps the tiny files quick to read on b
 def gpt2_vocab() -> tuple[list[str], list[str]]:
     """GPT-2's 256 byte symbols and its first merges: GPT-2 numbers merge i's result 256 + i, so
     its first 256 + n tokens are closed under its first n merges. <|endoftext|> ends the list."""
-    vocab_file = SHARED / "data" / "tokenizers" / "gpt2-vocab.json"
-    if not vocab_file.is_file():
-        pytest.skip(f"{vocab_file} is absent: ../shared (external fixtures) is not part of a user's clone")
+    vocab_file = shared_path("data", "tokenizers", "gpt2-vocab.json")
     vocab = json.loads(vocab_file.read_text())
     merges = [m for m in (vocab_file.parent / "gpt2-merges.txt").read_text().splitlines()[1:] if m]
     return sorted(vocab, key=vocab.get)[:256 + GPT2_MERGES] + ["<|endoftext|>"], merges[:GPT2_MERGES]
@@ -105,9 +104,7 @@ def gpt2_vocab() -> tuple[list[str], list[str]]:
 
 def sentencepiece_vocab() -> tuple[list[str], list[float], list[int], object]:
     spm = pytest.importorskip("sentencepiece")
-    f = SHARED / "data" / "tokenizers" / "llama2-tokenizer.model"
-    if not f.is_file():
-        pytest.skip(f"{f} is absent: ../shared (external fixtures) is not part of a user's clone")
+    f = shared_path("data", "tokenizers", "llama2-tokenizer.model")
     sp = spm.SentencePieceProcessor(model_file=str(f))
     n = sp.vocab_size()
     # llama.cpp's token types: 1 normal, 2 unknown, 3 control, 6 byte
