@@ -17,6 +17,12 @@ Threads: numpy's BLAS and torch get the same count, --threads (default 1), set b
 library loads (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads).
 
     python benchmarks/bench_generate.py [--prompt 32] [--tokens 64] [--threads 1] [--repeat 3]
+
+With `--model PATH` (an HF folder or a .gguf file) both sides load that real model instead, the
+prompt is the first --prompt tokens of ../shared/data/text/apache-2.0.txt (or --text FILE), and
+the load times (file to ready model: dequantizing a GGUF, HF's conversion) are printed too:
+
+    python benchmarks/bench_generate.py --model ../shared/data/models/smollm2-135m-instruct-q4_1.gguf
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 
 def parse_args() -> argparse.Namespace:
@@ -35,6 +42,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="BLAS/torch threads, both sides (default 1)")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per side; the best is kept (default 3)")
     p.add_argument("--layers", type=int, default=12, help="decoder layers (default 12, GPT-2 124M)")
+    p.add_argument("--model", help="a real model (HF folder or .gguf) for both sides instead of the GPT-2 shape")
+    p.add_argument("--text", help="prompt text for --model (default: ../shared/data/text/apache-2.0.txt)")
     return p.parse_args()
 
 
@@ -73,13 +82,26 @@ def hf_side(model, prompt: list[int], tokens: int):
 
 
 def anelm_side(folder: str):
-    """The emulator runner for the saved model (nothing compiled yet)."""
+    """The emulator runner for the saved model (nothing compiled yet) and its tokenizer."""
     from anelm.device.emulator import Emulator
     from anelm.generate.pipeline import build_runner
     from anelm.models.loading import load_model
 
-    config, weights, _ = load_model(folder)
-    return build_runner(config, weights, Emulator())
+    config, weights, tok = load_model(folder)
+    return build_runner(config, weights, Emulator()), tok
+
+
+def hf_real(path: str):
+    """HF transformers' float32 model of an HF folder or a .gguf file."""
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    p = Path(path)
+    kw = dict(gguf_file=p.name) if p.suffix == ".gguf" else {}
+    folder = str(p.parent if p.suffix == ".gguf" else p)
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw).eval()
 
 
 def greedy(runner, prompt: list[int], tokens: int) -> tuple[float, float]:
@@ -115,10 +137,22 @@ def main() -> int:
     from anelm.device.base import compile_count
 
     torch.set_num_threads(args.threads)
-    prompt = np.random.default_rng(0).integers(0, 50257, args.prompt).tolist()
-    with tempfile.TemporaryDirectory(prefix="anelm-bench-") as folder:
-        model = make_model(folder, args.layers)
-        runner = anelm_side(folder)
+    if args.model:
+        t = time.perf_counter()
+        runner, tok = anelm_side(args.model)
+        load_ours = time.perf_counter() - t
+        t = time.perf_counter()
+        model = hf_real(args.model)
+        load_hf = time.perf_counter() - t
+        text = Path(args.text) if args.text else Path(__file__).resolve().parents[2] / "shared" / "data" / "text" / "apache-2.0.txt"
+        prompt = tok.encode(text.read_text(encoding="utf-8"))[:args.prompt]
+        what = f"{args.model}: {runner.config.num_hidden_layers} layers, {runner.config.hidden_size} wide"
+    else:
+        prompt = np.random.default_rng(0).integers(0, 50257, args.prompt).tolist()
+        with tempfile.TemporaryDirectory(prefix="anelm-bench-") as folder:
+            model = make_model(folder, args.layers)
+            runner, _ = anelm_side(folder)
+        what = f"GPT-2 shape: {args.layers} layers, 768 wide, vocabulary 50257"
     hf_side(model, prompt, 2)  # warm-up: first-call allocations and dispatch caches
     t, before = time.perf_counter(), compile_count()
     greedy(runner, prompt, args.tokens)  # compiles the prompt's bucket and the decode tiers it reaches
@@ -128,12 +162,15 @@ def main() -> int:
     (hf_p, hf_d), (a_p, a_d) = best["hf"], best["anelm"]
     hf_rate, a_rate = (args.tokens - 1) / hf_d, (args.tokens - 1) / a_d
     used = ", ".join(f"{kind} {size}" for kind, size in sorted({(k, s) for k, _, s in runner.kernels}))
-    print(f"GPT-2 shape: {args.layers} layers, 768 wide, vocabulary 50257; prompt {args.prompt} tokens, "
+    print(f"{what}; prompt {len(prompt)} tokens, "
           f"{args.tokens} generated; {args.threads} thread(s) for numpy BLAS and torch; best of {args.repeat}")
     print(f"anelm (emulator): prefill {a_p * 1e3:.0f} ms, decode {a_rate:.2f} tokens/s "
           f"({compiles} compiles in {compile_s:.1f} s before timing; programs per layer: {used})")
     print(f"HF transformers {sys.modules['transformers'].__version__} (CPU): prefill {hf_p * 1e3:.0f} ms, "
           f"decode {hf_rate:.2f} tokens/s")
+    if args.model:
+        print(f"load (file to a ready model): anelm {load_ours:.1f} s (incl. the stream calibration), "
+              f"HF {load_hf:.1f} s")
     print(f"ratio: prefill {hf_p / a_p:.2f}x HF's speed, decode {a_rate / hf_rate:.2f}x HF's rate")
     return 0
 

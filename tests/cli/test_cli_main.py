@@ -40,5 +40,5 @@ def test_anelm_warnings_print_as_notice_lines(tmp_path, capsys, monkeypatch):
         assert main(["compile", "--dim", "32", "--heads", "2", "--seq", "16", "--out", str(tmp_path / "k")]) == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "SRAM" in line]
-    assert lines and all(line.startswith("anelm: warning: program ") for line in lines), err
+    assert lines and all(line.startswith("anelm: warning: a program") for line in lines), err
     assert "UserWarning" not in err and "warnings.warn" not in err

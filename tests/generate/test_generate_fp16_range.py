@@ -74,7 +74,7 @@ def test_the_stream_really_reaches_the_sink_range(sink_model):
     assert runner.stream_scale == stream_scale_for(peak) == 8.0
 
 
-def test_teacher_forced_choices_and_perplexity_match_hf(sink_model):
+def test_teacher_forced_choices_and_perplexity_match_hf(sink_model, capsys):
     hf, runner = sink_model
     ids = text_ids(64 * 3)  # three windows of the largest prefill bucket
     score = perplexity(runner, ids, 64, progress=False)
@@ -88,9 +88,10 @@ def test_teacher_forced_choices_and_perplexity_match_hf(sink_model):
     ratio = score.ppl / np.exp(ref_nll / score.predictions)
     assert agree >= AGREEMENT, f"argmax agreement {agree:.4f}"
     assert abs(ratio - 1) <= PPL_RATIO, f"perplexity ratio {ratio:.5f}"
+    assert "fp16 overflow" not in capsys.readouterr().err  # CONTRACTS §8: nothing overflowed
 
 
-def test_greedy_decoding_follows_hf(sink_model):
+def test_greedy_decoding_follows_hf(sink_model, capsys):
     hf, runner = sink_model
     prompt = text_ids(12, seed=4)
     cache, tokens, ours = runner.new_cache(), [], []
@@ -105,6 +106,7 @@ def test_greedy_decoding_follows_hf(sink_model):
         if (top2[1] - top2[0]) / np.abs(theirs).max() >= 0.05:  # CONTRACTS §6's tie rule
             assert mine == int(np.argmax(theirs)), f"step {step}"
     assert hf_tiny.rel_err(np.stack(ours), ref) <= 3e-2
+    assert "fp16 overflow" not in capsys.readouterr().err
 
 
 def _run_norm(build, x: np.ndarray) -> np.ndarray:

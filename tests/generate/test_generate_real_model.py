@@ -44,7 +44,7 @@ def test_the_stream_is_scaled_for_the_models_range(runner):
     assert runner.stream_scale == 8.0  # peak 27,056 -> 3,382 inside the kernels
 
 
-def test_perplexity_and_choices_on_prose_match_hf(runner, smollm, smollm_hf, smollm_gguf):
+def test_perplexity_and_choices_on_prose_match_hf(runner, smollm, smollm_hf, smollm_gguf, capsys):
     _, _, tok = smollm
     model, _ = smollm_hf
     prose = smollm_gguf.parents[1] / "text" / "apache-2.0.txt"  # ../shared/data/text: ordinary prose
@@ -62,10 +62,11 @@ def test_perplexity_and_choices_on_prose_match_hf(runner, smollm, smollm_hf, smo
     assert score.predictions == 2 * CONTEXT - 2
     assert agree >= AGREEMENT, f"argmax agreement {agree:.4f}"
     assert abs(ratio - 1) <= PPL_RATIO, f"perplexity ratio {ratio:.5f}"
+    assert "fp16 overflow" not in capsys.readouterr().err  # CONTRACTS §8: nothing overflowed
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_generation_follows_hf(runner, smollm, smollm_hf, prompt):
+def test_greedy_generation_follows_hf(runner, smollm, smollm_hf, prompt, capsys):
     _, _, tok = smollm
     model, _ = smollm_hf
     ids = tok.encode(prompt)
@@ -81,6 +82,7 @@ def test_greedy_generation_follows_hf(runner, smollm, smollm_hf, prompt):
             assert mine == int(np.argmax(theirs)), f"{prompt!r} step {step}: {tok.decode(tokens[:step + 1])!r}"
         else:  # a near-tie: either choice is HF-consistent, but the continuations part here
             break
+    assert "fp16 overflow" not in capsys.readouterr().err
 
 
 def test_chat_answers_paris(smollm_gguf, monkeypatch, capsys):
