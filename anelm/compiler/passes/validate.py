@@ -112,8 +112,8 @@ def sram_estimate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
         graph.meta.setdefault("warnings", []).append(msg)
         # one text for every program, so Python shows it once per process: a real model's
         # dozens of layer kernels all pass the threshold, and each program's figures are in its meta
-        warnings.warn(f"a program's SRAM working set exceeds the measured {SRAM_BYTES / 1e6:.3g} MB threshold "
-                      "(first: " + msg.split(": ", 1)[0] + "); expect programs like it to run slower", stacklevel=2)
+        warnings.warn(f"a program's SRAM working set exceeds the measured {SRAM_BYTES / 1e6:.3g} MB threshold; "
+                      "expect such programs to run slower (each program's estimate is in its meta)", stacklevel=2)
     return None
 
 
