@@ -19,6 +19,10 @@ from a short prompt to position ~100 compiles 12 × (1 + 2) = 36. Programs aned 
 (`compiledModelExists`) are loaded, not compiled, so a second run costs less. Deeper models get fewer sizes (`plan_sizes`: a ladder is thinned where
 neighbouring sizes are closest, and the largest of each always stays): Qwen3-0.6B (L = 28,
 context capped at 4096) gets P = 16, 1024 and D = 4096, 84 compiles at most (a margin of 31).
+SmolLM2-135M (L = 30) gets the same sizes, 90 compiles at most (a margin of 25). The kernels
+that hold a real model's activations (kernels/norms.py, the scaled residual stream) keep one
+program per layer and size, so they cost no compiles; a design that split each layer into two
+programs would leave (115 − 8) // 60 = 1 size per layer kind, no decode tier besides prefill.
 
 Why tiers rather than one decode program per layer at the full context (which would compile
 L × (buckets used + 1)): a decode program reads its whole cache input every step, whatever

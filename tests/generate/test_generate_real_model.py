@@ -76,12 +76,14 @@ def test_greedy_generation_follows_hf(runner, smollm, smollm_hf, prompt, capsys)
         tokens.append(int(np.argmax(logits)))
         logits = runner.decode(tokens[-1], cache)
     ref = hf_logits(model, ids + tokens)[len(ids) - 1:-1]
+    # HF runs teacher-forced on our tokens, so every step is judged on the same prefix
+    decisive = 0
     for step, (mine, theirs) in enumerate(zip(tokens, ref)):
         top2 = np.sort(theirs)[-2:]
         if (top2[1] - top2[0]) / np.abs(theirs).max() >= 0.05:
+            decisive += 1
             assert mine == int(np.argmax(theirs)), f"{prompt!r} step {step}: {tok.decode(tokens[:step + 1])!r}"
-        else:  # a near-tie: either choice is HF-consistent, but the continuations part here
-            break
+    assert decisive >= 8, f"only {decisive} of 24 steps were decisive: the check is nearly vacuous"
     assert "fp16 overflow" not in capsys.readouterr().err
 
 
