@@ -3,8 +3,9 @@
 The end-to-end figures were measured on other programs than our presets, so each is predicted
 for a configuration that describes the published program (maderix-ane-facts §5-8, orion-facts
 §5): its shapes, its batch and accumulation, the CPU work it does, and what its ms/step counts.
-Their device kernels are stood in for by ours at the same shapes (same matmuls, same number of
-evaluations per layer for maderix's ten); the differences are listed in `note`.
+maderix's dynamic pipeline runs its own ten kernels as they are (bench/maderix.py); the static
+pipeline and Orion's programs are stood in for by ours at the same shapes (same matmuls); the
+differences are listed in `note`.
 """
 
 from __future__ import annotations
