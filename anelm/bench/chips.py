@@ -18,7 +18,8 @@ from ..errors import UsageError
 DATA_FILE = Path(__file__).resolve().parents[1] / "data" / "ane_chips.json"
 CONSTANTS = ("conv_fp16_flops", "int8_ops", "matmul_flops", "dispatch_s", "working_set_bytes",
              "spill_slowdown", "ane_bytes_per_s", "compile_s", "cpu_sgemm_flops",
-             "cpu_vector_bytes_per_s", "cpu_dram_bytes_per_s")
+             "cpu_vector_bytes_per_s", "cpu_dram_bytes_per_s", "ane_transcendental_per_s",
+             "ane_softmax_per_s", "ane_reduce_per_s", "cpu_exp_s")
 RMSNORM_BYTES_PER_ELEMENT = 32  # fp32: forward reads x twice, writes y; backward reads 4, writes dx
 SME_PEAK_M4 = 2.3e12            # Hello SME (arXiv:2409.18779): register-only FP32 FMA rate
 AMX_LOAD_BOUND_SHARE = 640 / 1475  # M1: sgemm with loads (610-680 GFLOPS) over load-free (1475)
@@ -88,11 +89,27 @@ def _rmsnorm_bandwidth(fig: dict, chip: Chip) -> float:
     return p["norms"] * RMSNORM_BYTES_PER_ELEMENT * p["dim"] * p["tokens"] / (fig["published"] * 1e-3)
 
 
+def _vector_rate(fig: dict, chip: Chip) -> float:
+    """Elements per second of a single-op program, past one dispatch."""
+    p = fig["program"]
+    return p["rows"] * p["cols"] / (fig["published"] * 1e-3 - chip.dispatch_s)
+
+
+def _cpu_exp(fig: dict, chip: Chip) -> float:
+    """Seconds per element of a CPU pass that takes an exp (a softmax row's work)."""
+    p = fig["program"]
+    return fig["published"] * 1e-3 / (p["rows"] * p["cols"])
+
+
 # constant -> rule(figure named by `fitted_on`, chip) -> value
 FIT_RULES = {
     "conv_fp16_flops": _chain_rate,
     "int8_ops": _chain_rate,
     "cpu_vector_bytes_per_s": _rmsnorm_bandwidth,
+    "ane_transcendental_per_s": _vector_rate,
+    "ane_softmax_per_s": _vector_rate,
+    "ane_reduce_per_s": _vector_rate,
+    "cpu_exp_s": _cpu_exp,
 }
 
 

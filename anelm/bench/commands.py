@@ -135,12 +135,10 @@ def generate(chip: str, preset: str | None, model: str | None, measure: bool, **
     from ..models.config import config_from_dict
     from ..train.presets import get_preset
 
+    weights = None
     if model:
-        from pathlib import Path
-
-        from ..models.loading import read_config
-
-        config, name = read_config(Path(model)), model
+        config, weights = load_for_bench(model)
+        name = model
     else:
         name = preset or "tiny"
         config = config_from_dict(get_preset(name), name)
@@ -151,7 +149,7 @@ def generate(chip: str, preset: str | None, model: str | None, measure: bool, **
     if dev is not None:
         from .measure import time_generate
 
-        pre, dec = time_generate(config, dev)
+        pre, dec = time_generate(config, dev, weights=weights)
         key = _measured_key(dev)
         out[f"{key}_prefill_ms"], out[f"{key}_decode_tokens_per_s"] = pre * 1e3, 1 / dec
     lines = [f"{name} on {get_chip(chip).name}: predicted prefill (bucket {r['prefill_bucket']}) "
@@ -161,6 +159,24 @@ def generate(chip: str, preset: str | None, model: str | None, measure: bool, **
         lines.append(f"emulator (this host): prefill {out['emulator_prefill_ms']:.0f} ms, "
                      f"decode {out['emulator_decode_tokens_per_s']:.1f} tokens/s")
     return out, lines, None
+
+
+def load_for_bench(path: str):
+    """(config, weights) through the project's loader: an HF folder, a .gguf, a llama2.c .bin,
+    a checkpoint, or a training RUN folder (its latest checkpoint)."""
+    from pathlib import Path
+
+    from ..models.loading import load_model
+    from ..train.checkpoint import latest_checkpoint
+
+    p = Path(path)
+    if p.is_dir() and (p / "checkpoints").is_dir():
+        ckpt = latest_checkpoint(p)
+        if ckpt is None:
+            raise UsageError(f"--model {p}: a run folder with no checkpoints yet")
+        p = ckpt
+    config, weights, _ = load_model(p)
+    return config, weights
 
 
 def validate_cmd(**_):

@@ -5,14 +5,24 @@ cost.py): FLOPs by unit, conv/matmul arithmetic grouped by the bytes its operand
 weight and I/O bytes, the working set. The model is a roofline with a floor:
 
     t = dispatch + max(compute, memory)
-    compute = Σ conv/conv_rate + Σ matmul/rate(op) + vector/matmul_rate + int8/int8_rate
+    compute = Σ conv/conv_rate + Σ matmul/rate(op) + int8/int8_rate + vector
     rate(op) = matmul_flops × spill_slowdown  while the op's operands fit the working-set
                threshold, else matmul_flops (the published large-GEMM rooflines are measured
                past it; the drop past the threshold is the published ~30 %)
     memory  = (weight_bytes + io_bytes) / ane_bytes_per_s
 
-Vector work (elementwise, softmax, reductions) is charged at the matmul rate: no published
-figure separates the ANE's vector throughput, and it is a few percent of a transformer's work.
+    vector  = softmax/softmax_rate + reduce/reduce_rate + transcendental/elementwise_rate
+              (elements; the rates are fitted on single-op microbenchmarks)
+
+The ANE's vector path is far slower than its conv peak: a single-op program moves ~1.9 G
+elements/s on M4 where a conv chain does 18.7 TFLOPS (ANEForge's M4 bandwidth roofline), and
+its gelu runs at its relu's rate. Inside a program the model charges that rate only to the work
+that reads whole rows (softmax, reductions) or evaluates a function (exp, sigmoid, pow, ...);
+plain arithmetic and transposes/concats are taken to ride along with the neighbouring ops.
+Charging them too at the single-op rate predicts maderix's forward kernels at 5x the published
+device time (README, "Cost model"), so in-program arithmetic is evidently far cheaper than a
+program of its own; how much cheaper no published figure says. Vector work is taken not to
+overlap the matmuls of the same program.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ class KernelCost:
     weight_bytes: int
     io_bytes: int
     working_set_bytes: int
+    vector_elements: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def of(cls, artifact, name: str | None = None) -> "KernelCost":
@@ -41,7 +52,7 @@ class KernelCost:
                              "compile it with anelm.compiler.pipeline.compile_graph")
         return cls(name or artifact.meta.get("name", "kernel"), dict(c["flops"]),
                    tuple(tuple(o) for o in c["ops"]), int(c["weight_bytes"]), int(c["io_bytes"]),
-                   int(c["working_set_bytes"]))
+                   int(c["working_set_bytes"]), tuple(sorted((c.get("vector_elements") or {}).items())))
 
     @property
     def total_flops(self) -> int:
@@ -85,10 +96,17 @@ def eval_time(k: KernelCost, chip: Chip) -> EvalTime:
         else:
             compute += flops / (chip.matmul_flops if over else fast_matmul)
         spilled += flops if over else 0
-    compute += k.flops.get("vector", 0) / fast_matmul
+    compute += vector_time(dict(k.vector_elements), chip)
     memory = k.bytes_moved / chip.ane_bytes_per_s
     total = chip.dispatch_s + max(compute, memory)
     return EvalTime(total, compute, memory, chip.dispatch_s, spilled)
+
+
+def vector_time(elements: dict[str, int], chip: Chip) -> float:
+    """Seconds of the vector path's work, by class (see the module doc)."""
+    rate = {"transcendental": chip.ane_transcendental_per_s, "softmax": chip.ane_softmax_per_s,
+            "reduce": chip.ane_reduce_per_s}
+    return sum(n / rate[c] for c, n in elements.items() if c in rate)
 
 
 def attainable_flops(intensity: float, chip: Chip, unit: str = "matmul") -> float:

@@ -45,12 +45,14 @@ def time_train_step(config: dict, device, seq_len: int, batch: int, pipeline: st
         return best_of(lambda: step.loss_and_grads(x, y, 1.0), repeat)
 
 
-def time_generate(config, device, prompt_tokens: int = 32, new_tokens: int = 8) -> tuple[float, float]:
-    """(prefill seconds, decode seconds per token) of our device pipeline, random weights."""
+def time_generate(config, device, prompt_tokens: int = 32, new_tokens: int = 8,
+                  weights=None) -> tuple[float, float]:
+    """(prefill seconds, decode seconds per token) of our device pipeline: the model's own
+    weights when given (bench generate --model), else random ones."""
     from ..generate.pipeline import build_runner
     from ..train.init import init_weights
 
-    weights = init_weights(config, 0)
+    weights = init_weights(config, 0) if weights is None else weights
     runner = build_runner(config, weights, device, max_context=max(256, prompt_tokens + new_tokens + 1))
     ids = list(np.random.default_rng(0).integers(0, config.vocab_size, prompt_tokens))
     try:

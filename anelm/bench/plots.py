@@ -31,6 +31,29 @@ def sram_png(path: str, rows: list[dict], chips: list[str]) -> None:
     plt.close(fig)
 
 
+def _place_kernels(ax, kernels: list, chip) -> None:
+    """One marker per point: a forward kernel and its dx twin (same FLOPs, same bytes) share a
+    point and one label. Labels stand in a column right of the points, in the points' vertical
+    order and evenly spaced, each joined to its point by a thin line, so none overlap."""
+    import math
+
+    points: dict[tuple, list] = {}
+    for name, k in kernels:
+        x, y = k.intensity, k.total_flops / eval_time(k, chip).total_s / 1e12
+        key = (round(math.log10(x), 2), round(math.log10(y), 2))
+        points.setdefault(key, [x, y, []])[2].append(name)
+    pts = sorted(points.values(), key=lambda p: -p[1])
+    if not pts:
+        return
+    x_label = max(p[0] for p in pts) * 6
+    top, bottom = math.log10(max(p[1] for p in pts)) + 0.1, math.log10(min(p[1] for p in pts)) - 0.1
+    step = (top - bottom) / max(len(pts) - 1, 1)
+    for i, (x, y, names) in enumerate(pts):
+        ax.scatter(x, y, zorder=3, s=28, color="C3" if len(names) > 1 else "C2", edgecolor="k", lw=0.5)
+        ax.annotate(" = ".join(names), (x, y), xytext=(x_label, 10 ** (top - i * step)), textcoords="data",
+                    fontsize=7, va="center", arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.5"})
+
+
 def roofline_png(path: str, kernels: list, chip_key: str, title: str) -> None:
     """The chip's roofline (matmul in and past the working set, conv peak, DRAM slope) with each
     kernel (a KernelCost) placed at its intensity and predicted throughput."""
@@ -40,15 +63,11 @@ def roofline_png(path: str, kernels: list, chip_key: str, title: str) -> None:
     for unit, label in (("conv", "conv peak"), ("matmul", "matmul, operands within the working set")):
         ax.plot(xs, [attainable_flops(x, chip, unit) / 1e12 for x in xs], label=label)
     ax.axhline(chip.matmul_flops / 1e12, color="gray", ls="--", lw=1, label="matmul past the working set")
-    for name, k in kernels:
-        t = eval_time(k, chip)
-        ax.scatter(k.intensity, k.total_flops / t.total_s / 1e12, zorder=3)
-        ax.annotate(name, (k.intensity, k.total_flops / t.total_s / 1e12), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
+    _place_kernels(ax, kernels, chip)
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per DRAM byte, log)",
            ylabel="throughput (TFLOP/s, log)", title=f"{title}\nroofline of {chip.name} (predicted, dispatch included)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", title="red: a forward kernel and its dx twin", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

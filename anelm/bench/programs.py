@@ -20,14 +20,14 @@ from .cost import KernelCost
 _COMPILED: dict[tuple, tuple[KernelCost, object]] = {}
 
 
-def compiled(key: tuple, build: Callable[[], object]) -> tuple[KernelCost, object]:
+def compiled(key: tuple, build: Callable[[], object], profile=None) -> tuple[KernelCost, object]:
     """(cost, artifact) of the graph `build()` returns, compiled once per key."""
     if key not in _COMPILED:
         import warnings
 
         with warnings.catch_warnings():  # a working set past the threshold is what we measure here
             warnings.simplefilter("ignore")
-            art = compile_graph(build())
+            art = compile_graph(build()) if profile is None else compile_graph(build(), profile)
         _COMPILED[key] = (KernelCost.of(art, str(key[0])), art)
     return _COMPILED[key]
 
@@ -73,6 +73,23 @@ def matmul(n: int) -> KernelCost:
     return compiled(("matmul", n), lambda: matmul_graph(n))[0]
 
 
+def vector_op_graph(op: str, rows: int, cols: int):
+    """One vector op over `[1, rows, 1, cols]` (ANEForge's single-op bandwidth roofline);
+    softmax and the reduction run along the last axis."""
+    b = GraphBuilder(f"{op}_{rows}x{cols}")
+    x = b.input("x", [1, rows, 1, cols])
+    y = {"softmax": lambda: b.softmax(x, axis=-1, name="y"), "reduce_sum": lambda: b.reduce_sum(x, (-1,), name="y"),
+         "gelu": lambda: b.gelu(x, name="y"), "relu": lambda: b.relu(x, name="y")}[op]()
+    b.output("out", y)
+    return b.build()
+
+
+def vector_op(op: str, rows: int, cols: int) -> KernelCost:
+    from .maderix import IN_MEMORY  # the native gelu is rejected by the strict profile
+
+    return compiled(("vector_op", op, rows, cols), lambda: vector_op_graph(op, rows, cols), IN_MEMORY)[0]
+
+
 # --------------------------------------------------------------------------- training step
 
 @dataclass(frozen=True)
@@ -104,6 +121,20 @@ def train_kernels(dims, pipeline: str) -> list[StepKernel]:
         outs = sum(int(np.prod(s.shape)) for s in art.signature.outputs)
         forward = kind in FORWARD or kind == "sdpa_fwd"
         out.append(StepKernel(kind, cost, forward, acts, outs, weights))
+    return out
+
+
+def maderix_kernels(dims, layers: int) -> list[StepKernel]:
+    """maderix's ten dynamic kernels (anelm/bench/maderix.py) at these shapes, compiled."""
+    from . import maderix
+
+    shape = (dims.d, dims.f, dims.hq, dims.hkv, dims.hd, dims.s)
+    out = []
+    for kind in maderix.KERNELS:
+        cost, _ = compiled(("maderix", kind, shape, layers), lambda kind=kind: maderix.build(kind, *shape, layers),
+                           maderix.IN_MEMORY)
+        acts, outs, weights = maderix.io_elements(kind, *shape)
+        out.append(StepKernel(kind, cost, kind in maderix.FORWARD, acts, outs, weights))
     return out
 
 

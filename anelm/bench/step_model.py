@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..train.cpu_ops import matmul_flops
 from .chips import RMSNORM_BYTES_PER_ELEMENT, Chip
 from .cost import eval_time
-from .programs import train_kernels
+from .programs import maderix_kernels, train_kernels
 
 F32, IO_BYTES = 4, 6          # fp32 bytes; a host<->surface element: fp32 side + fp16 side
 RMS_FWD = 12                  # of RMSNORM_BYTES_PER_ELEMENT: the forward's share (read 2, write 1)
@@ -45,6 +45,7 @@ class StepSpec:
     count_recompile: bool = True         # static: charge the per-update recompiles to the step
     # CPU work that differs between programs (ours: all True; maderix: RoPE forward in the
     # kernel, no clamps, dW accumulated by the sgemm itself)
+    kernels: str = "anelm"               # "maderix": its ten programs as they are (bench/maderix.py)
     cpu_rope_forward: bool = True
     clamp_inputs: bool = True
     accumulate_pass: bool = True
@@ -75,7 +76,8 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     vec = chip.cpu_vector_bytes_per_s
     kernels, dev = [], {"forward": 0.0, "backward": 0.0}
     io = {"forward": 0.0, "backward": 0.0}
-    for k in train_kernels(m, spec.pipeline):
+    ks = maderix_kernels(m, layers) if spec.kernels == "maderix" else train_kernels(m, spec.pipeline)
+    for k in ks:
         t = eval_time(k.cost, chip)
         side = "forward" if k.forward else "backward"
         dev[side] += t.total_s * evals
@@ -87,12 +89,16 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     qkv = m.q + m.kv
     rms_fwd = layers * 2 * RMS_FWD * m.d * n / vec
     rms_bwd = layers * 2 * (RMSNORM_BYTES_PER_ELEMENT - RMS_FWD) * m.d * n / vec
-    swiglu = layers * 20 * m.f * n / vec
+    # SwiGLU backward: one loop over H·N reading dgate, h1, h3 and writing dh1, dh3, with one
+    # exp per element (σ(h1)); the exp pass costs what the chip's CPU softmax costs per element
+    swiglu = layers * max(20 * m.f * n / vec, m.f * n * chip.cpu_exp_s)
     # residual adds, RoPE (reads cos/sin), fp16 clamps of what enters a surface, q/k norms
     other_fwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.cpu_rope_forward else 0)
                               + (8 * (2 * m.d + qkv) if spec.clamp_inputs else 0) + (12 * qkv if qk else 0)) / vec
     other_bwd = layers * n * (2 * 12 * m.d + 16 * qkv + (20 * qkv if qk else 0)) / vec
-    head_vec = (RMSNORM_BYTES_PER_ELEMENT * m.d + 20 * vocab + 16 * m.d) * n / vec  # norm, CE, embed
+    # final norm and embedding gather as bytes; the cross-entropy's softmax over the vocabulary
+    # as the chip's CPU softmax per element
+    head_vec = (RMSNORM_BYTES_PER_ELEMENT * m.d + 16 * m.d) * n / vec + vocab * n * chip.cpu_exp_s
     classifier = 2 * matmul_flops(vocab, m.d, n) / chip.cpu_sgemm_flops + head_vec
     dw = (layers * (matmul_flops(m.d, n, 2 * m.q + 2 * m.kv) + matmul_flops(m.d, n, 3 * m.f))
           + matmul_flops(vocab, m.d, n)) / chip.cpu_sgemm_flops

@@ -32,7 +32,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="compare with FILE; exit 1 naming each figure that got worse than its threshold")
     p.add_argument("--png", default=None, metavar="FILE", help="sram: time against working set; kernels: roofline")
     p.add_argument("--preset", default=None, help="train/kernels/generate: model preset (default: tiny)")
-    p.add_argument("--model", default=None, metavar="PATH", help="generate: an HF folder (its config.json)")
+    p.add_argument("--model", default=None, metavar="PATH", help="generate: a model the loader reads (HF folder, .gguf, .bin, checkpoint, RUN)")
     p.add_argument("--pipeline", choices=["dynamic", "static"], default="dynamic",
                    help="train: weights as kernel inputs (dynamic) or baked and recompiled (static)")
     p.add_argument("--seq-len", type=positive_int, default=None, metavar="N",

@@ -65,3 +65,34 @@ def test_device_flops_metric_is_the_annotation_total():
     m = Dims(64, 128, 4, 2, 16, 32)
     g = build_graph("qkv", m)
     assert KernelCost.of(compile_graph(g)).total_flops == graph_flops(g) == 2 * 32 * 64 * (64 + 2 * 32)
+
+
+def test_vector_work_is_counted_by_class_and_charged_at_its_rate():
+    """A softmax over the scores, a sigmoid and a transpose: each lands in its class, and only
+    the row-wise and transcendental classes take time (arithmetic and moves ride along)."""
+    h, s = 2, 16
+    b = GraphBuilder("vec")
+    x = b.input("x", [1, h, s, s])
+    p = b.softmax(b.add(x, b.scalar(1.0)), axis=-1)
+    b.output("y", b.transpose(b.sigmoid(p), [0, 1, 3, 2]))
+    k = KernelCost.of(compile_graph(b.build()))
+    n = h * s * s
+    assert dict(k.vector_elements) == {"elementwise": n, "transcendental": n, "softmax": n, "reduce": 0, "move": n}
+    chip = get_chip("m4")
+    assert eval_time(k, chip).compute_s == pytest.approx(n / chip.ane_softmax_per_s + n / chip.ane_transcendental_per_s)
+
+
+def test_maderix_sdpa_forward_counts_its_attention_as_published():
+    """sdpaFwd of maderix-ane-facts §5.1: three projections, Q·Kᵀ and P·V, softmax over Hq·S·S
+    scores, outputs concatenated to 2Q + 2KV + D channels; a GQA tile adds a concat of K and V."""
+    from anelm.bench import maderix
+
+    d, f, hq, hkv, hd, s = 64, 128, 4, 2, 16, 32
+    art = compile_graph(maderix.build("sdpaFwd", d, f, hq, hkv, hd, s, 2), maderix.IN_MEMORY)
+    k = KernelCost.of(art)
+    q, kv = hq * hd, hkv * hd
+    assert k.flops["matmul"] == 2 * s * d * (q + 2 * kv) + 2 * 2 * hq * s * s * hd
+    assert dict(k.vector_elements)["softmax"] == hq * s * s
+    assert tuple(art.signature.outputs[0].shape) == (1, 2 * q + 2 * kv + d, 1, s)
+    acts, outs, weights = maderix.io_elements("sdpaFwd", d, f, hq, hkv, hd, s)
+    assert (acts, outs, weights) == (d * s, (2 * q + 2 * kv + d) * s, d * (q + 2 * kv))

@@ -91,3 +91,13 @@ def test_train_dry_run_prints_every_chip_and_compiles_nothing_on_a_device(tmp_pa
     assert [line.split()[0] for line in r.stdout.strip().splitlines()] == chips.chip_names()
     assert not any(tmp_path.iterdir())  # no run folder
     assert "emulator" not in r.stderr and "ANE" not in r.stderr  # no device was chosen
+
+
+def test_bench_generate_reads_the_model_through_the_loader(smollm_gguf):
+    """--model takes a .gguf (no config.json): config and the model's own weights come back."""
+    from anelm.bench.commands import load_for_bench
+
+    config, weights = load_for_bench(str(smollm_gguf))
+    assert config.num_hidden_layers == 30 and config.hidden_size == 576
+    w = weights["model.layers.0.self_attn.q_proj.weight"]
+    assert w.shape == (576, 576) and float(abs(w).max()) > 0  # real weights, not zeros

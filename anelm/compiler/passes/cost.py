@@ -9,6 +9,10 @@
     weight_bytes     bytes of the consts as stored (int8 blobs at one byte an element)
     io_bytes         bytes of the packed input and output tensors (what crosses DRAM at least once)
     working_set_bytes   the sram_estimate figure: weights + the largest live activation set
+    vector_elements  {"elementwise", "transcendental", "softmax", "reduce", "move"}: elements
+                     the ANE's vector path handles outside conv/matmul (an elementwise op's
+                     output, a softmax's or reduction's input, a transpose's or concat's
+                     output), which the cost model rates by class
 
 The cost model (`anelm.bench`) turns these into time per chip; the trainer's `device_flops`
 metric is the sum of `flops`. Counting rules: matmul and conv 2·(output elements)·K; softmax
@@ -57,6 +61,34 @@ def node_flops(n: Node) -> tuple[str, int]:
     return ("int8" if _is_int8_path(n) else n.op), flops
 
 
+# transposes and concats rewrite memory on the ANE (ANEForge's op catalog classes them with the
+# streaming ops); reshapes and slices are taken as views
+MOVE_OPS = {"transpose", "concat"}
+TRANSCENDENTAL_OPS = {"exp", "exp2", "log", "sigmoid", "tanh", "silu", "gelu", "erf", "pow", "sqrt", "rsqrt",
+                      "sin", "cos", "softplus", "inverse", "real_div"}
+
+
+def vector_elements(graph: Graph) -> dict[str, int]:
+    """Elements of the non-conv/matmul work by the class the cost model rates it at."""
+    out = {"elementwise": 0, "transcendental": 0, "softmax": 0, "reduce": 0, "move": 0}
+    for n in graph.nodes:
+        if n.op in ("conv", "matmul") or n.is_const:
+            continue
+        if n.op in MOVE_OPS:
+            out["move"] += int(np.prod(n.out.shape or ()))
+        elif n.op in FREE_OPS:
+            continue
+        elif n.op == "softmax":
+            out["softmax"] += int(np.prod(n.out.shape or ()))
+        elif n.op.startswith("reduce_"):
+            out["reduce"] += int(np.prod(n.inputs["x"].shape))
+        elif n.op in TRANSCENDENTAL_OPS:
+            out["transcendental"] += int(np.prod(n.out.shape or ()))
+        else:
+            out["elementwise"] += int(np.prod(n.out.shape or ()))
+    return out
+
+
 def flops_by_unit(graph: Graph) -> dict[str, int]:
     units = {"conv": 0, "matmul": 0, "vector": 0, "int8": 0}
     for n in graph.nodes:
@@ -99,5 +131,6 @@ def cost_annotate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
         "weight_bytes": sum(n.out.type.nbytes for n in graph.nodes if n.is_const),
         "io_bytes": int(io),
         "working_set_bytes": int((graph.meta.get("sram") or {}).get("estimate_bytes", 0)),
+        "vector_elements": vector_elements(graph),
     }
     return None
