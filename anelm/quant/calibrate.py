@@ -1,8 +1,8 @@
 """Activation ranges at every linear's input, from the CPU reference on calibration text.
 
 The CPU model's `project(i, name, x)` is every projection's one entry point, so wrapping it
-on an instance sees each linear's input x [T, in] as the kernels see it (norm gains folded in,
-`fold.py`): per input channel the largest |x|, and, for W8, per output row the largest
+on an instance sees each linear's input x [T, in] as the int8 kernels see it (after the norm
+gain, `fold.py`): per input channel the largest |x|, and, for W8, per output row the largest
 unscaled int8 sum |x·qᵀ| the accumulator will hold.
 """
 

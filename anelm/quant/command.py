@@ -11,10 +11,9 @@ ordinary channel a step of 26, so they round to 0. We keep the channels whose ca
 exceeds OUTLIER_RATIO × the median channel's out of int8 (at most 1/MAX_KEEP_FRACTION of them):
 they go through a small fp16 side product (quant/graph.py), and the rest get one scale from
 their own range. We chose this over SmoothQuant's migration because the migration has to move
-per-channel factors into the producing op, and here two of the four inputs come from norms
-whose gains are folded away (fold.py) and one from attention, so it would add an elementwise
-op per input anyway, and it still leaves the 3,000-fold channels of layer 11 sharing a scale
-with the rest.
+per-channel factors into the producing op (for the attention output, through v's rows, shared
+per KV group), and with α = 0.5 it still leaves the 3,000-fold channels of layer 11 sharing a
+scale with channels near 1; the kept channels cost a product of k/in of the main one.
 
 W8: the accumulator sums q·x before the row scale, so each linear's input is divided by a power
 of two (`input_shift`) that keeps the largest calibrated sum under ACC_TARGET, 4x below the
@@ -32,7 +31,7 @@ import numpy as np
 from ..models.errors import InputError
 from .calibrate import calibrate
 from .core import QMAX, InputQuant, power_of_two_above, quantize_rows
-from .fold import check_supported, fold_norms
+from .fold import check_supported
 from .folder import METHOD, QuantPlan, linear_names, pack, refuse_quantized
 
 ACC_TARGET = 8192.0  # W8: largest calibrated unscaled sum after the shift
@@ -48,22 +47,22 @@ def outliers(chan: np.ndarray) -> np.ndarray:
     return np.sort(order[:min(over, len(chan) // MAX_KEEP_FRACTION)])
 
 
-def plan_w8(config, folded, calib, seq, progress):
+def plan_w8(config, weights, calib, seq, progress):
     names = linear_names(config)
-    qs = {n: quantize_rows(folded[n + ".weight"]) for n in names}
-    chan, sums = calibrate(config, folded, calib, seq, {n: qs[n][0] for n in names}, progress)
+    qs = {n: quantize_rows(weights[n + ".weight"]) for n in names}
+    chan, sums = calibrate(config, weights, calib, seq, {n: qs[n][0] for n in names}, progress)
     inputs = {n: InputQuant(shift=power_of_two_above(sums[n] / ACC_TARGET)) for n in names}
     return qs, QuantPlan("w8", inputs), chan
 
 
-def plan_w8a8(config, folded, calib, seq, progress):
+def plan_w8a8(config, weights, calib, seq, progress):
     names = linear_names(config)
-    chan, _ = calibrate(config, folded, calib, seq, None, progress)
+    chan, _ = calibrate(config, weights, calib, seq, None, progress)
     qs, inputs = {}, {}
     for n in names:
         keep = outliers(chan[n])
         rest = np.delete(chan[n], keep)
-        w = folded[n + ".weight"].copy()
+        w = weights[n + ".weight"].copy()
         w[:, keep] = 0.0  # those columns go through the fp16 side product
         qs[n] = quantize_rows(w)
         inputs[n] = InputQuant(1.0, max(float(rest.max()), 1e-4) / QMAX, keep)
@@ -108,9 +107,8 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
         raise InputError(f"no tokenizer found for {model}; quantize needs the model's tokenizer")
     calib, held = split_text(tok, text, calib_tokens, eval_tokens)
     seq = min(config.max_position_embeddings, 512)
-    folded = fold_norms(config, weights)
-    qs, plan, chan = (plan_w8a8 if scheme == "w8a8" else plan_w8)(config, folded, calib, seq, progress)
-    tensors = pack(config, folded, qs, plan)
+    qs, plan, chan = (plan_w8a8 if scheme == "w8a8" else plan_w8)(config, weights, calib, seq, progress)
+    tensors = pack(config, weights, qs, plan)
     cfg = {**config.to_dict(), "torch_dtype": "float32",
            "quantization_config": {"quant_method": METHOD, "scheme": scheme, "bits": 8,
                                    "weights": "int8 per output channel, symmetric",

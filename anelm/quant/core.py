@@ -3,9 +3,10 @@
 A weight row w is stored as q = round(w / s) with s = max|w| / 127, q in [-127, 127]: symmetric,
 zero point 0, so a row's largest weight is exactly ±127 and the row scale is recovered from the
 dequantized row as max|q·s| / 127. That is what lets the kernels be built from the dequantized
-weights (`kernel_layer`): the folds `layer_params` applies to a projection (the attention scale,
-the residual stream scale) multiply whole rows, so requantizing a folded row gives back the same
-q with the row factor inside its scale, bit for bit (tests/quant). One rounding rule, half to
+weights (`kernel_layer`): the folds `layer_params` applies to a projection with unit norm gains
+(the attention scale, the residual stream scale; quant/fold.py) multiply whole rows by one
+factor each, so requantizing a folded row gives back the same q with the factor in its scale, bit for
+bit (tests/quant). One rounding rule, half to
 even (np.round), as the MIL reference quantizes; `maderix` rounds half away from zero, which
 differs only at exact ties and is immaterial for weights.
 """
@@ -58,6 +59,7 @@ class QLinear:
     act_scale: float | None = None
     keep: np.ndarray | None = None  # int [k] input channels in fp16
     keep_w: np.ndarray | None = None  # float32 [out, k]
+    in_gain: np.ndarray | None = None  # float32 [in]: the norm gain on the input (quant/fold.py)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -73,7 +75,7 @@ class InputQuant:
     keep: np.ndarray | None = None  # W8A8 outlier channels
 
 
-def qlinear(w: np.ndarray, iq: InputQuant) -> QLinear:
+def qlinear(w: np.ndarray, iq: InputQuant, gain: np.ndarray | None = None) -> QLinear:
     """The int8 form of a float [out, in] linear for the input decided by `iq`."""
     keep_w = None
     if iq.keep is not None and len(iq.keep):
@@ -82,10 +84,11 @@ def qlinear(w: np.ndarray, iq: InputQuant) -> QLinear:
         w[:, iq.keep] = 0.0  # those channels go through the fp16 side product
     q, scale = quantize_rows(w)
     keep = None if keep_w is None else np.asarray(iq.keep, np.int64)
-    return QLinear(q, scale, iq.shift, iq.act_scale, keep, keep_w)
+    return QLinear(q, scale, iq.shift, iq.act_scale, keep, keep_w, gain)
 
 
-def kernel_layer(p: dict, inputs: dict[str, InputQuant]) -> dict:
-    """`layer_params` output {name: (W, b)} -> the same with QLinear for every name in `inputs`
-    (the kernel's linears: qkv, o, gate, up, down); norm gains and the rest pass through."""
-    return {k: (qlinear(w, inputs[k]), b) if k in inputs else (w, b) for k, (w, b) in p.items()}
+def kernel_layer(p: dict, inputs: dict[str, InputQuant], gains: dict[str, np.ndarray]) -> dict:
+    """`layer_params` output {name: (W, b)} (built with unit norm gains) -> the same with QLinear
+    for every name in `inputs` (the kernel's linears: qkv, o, gate, up, down), each carrying
+    the gain its input needs; Qwen3's q/k norms and the rest pass through."""
+    return {k: (qlinear(w, inputs[k], gains.get(k)), b) if k in inputs else (w, b) for k, (w, b) in p.items()}

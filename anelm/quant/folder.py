@@ -3,8 +3,7 @@
     DIR/config.json                the source config + "quantization_config": {"quant_method":
                                    "anelm", "scheme": "w8"|"w8a8", "bits": 8, ...}
     DIR/tokenizer.json ...         the source's tokenizer
-    DIR/model.safetensors          norms folded into the linears (gains of one, fold.py); per
-                                   linear P (HF name, e.g. model.layers.0.self_attn.q_proj):
+    DIR/model.safetensors          per linear P (HF name, e.g. model.layers.0.self_attn.q_proj):
         P.weight            I8  [out, in]  symmetric per row, zero point 0
         P.weight_scale      F32 [out]      the weight is P.weight · P.weight_scale[:, None]
         P.input_shift       F32 []         W8: the input is divided by it before the int8 sum
@@ -28,7 +27,7 @@ import numpy as np
 
 from ..models.errors import InputError
 from .core import InputQuant, dequantize_rows, kernel_layer
-from .fold import layer_prefix
+from .fold import layer_prefix, unfolded_params
 
 METHOD = "anelm"
 SCHEMES = ("w8", "w8a8")
@@ -67,15 +66,17 @@ class QuantPlan:
     scheme: str
     inputs: dict[str, InputQuant]  # HF linear name -> its input's decisions
 
-    def kernel_layer(self, i: int, p: dict) -> dict:
-        """Layer i's `layer_params` output with its linears as QLinear (quant.core)."""
+    def kernel_layer(self, i: int, shape, layer: dict[str, np.ndarray]) -> dict:
+        """Layer i's kernel params (`layer_params` form, HF names inside the layer in `layer`)
+        with its linears as QLinear (quant.core) and the norm gains on their inputs."""
         pre = layer_prefix(i)
         per = {}
         for k, parts in KERNEL_LINEARS.items():
             first = self.inputs[pre + parts[0]]  # one input: one scale and one set of outliers
             shift = max(self.inputs[pre + n].shift for n in parts)  # one conv: one shift
             per[k] = InputQuant(shift, first.act_scale, first.keep)
-        return kernel_layer(p, per)
+        p, gains = unfolded_params(shape, layer)
+        return kernel_layer(p, per, gains)
 
 
 def linear_names(config) -> list[str]:

@@ -2,8 +2,9 @@
 
     W = constexpr_affine_dequantize(quantized_data = int8 BLOBFILE [out, in, 1, 1],
                                     scale = fp16 [out], zero_point = int8(0), axis = 0)
-    W8:    y = conv(x · 1/shift, W)                     (the mul only when shift > 1)
-    W8A8:  y = conv(dequantize(quantize(x, s), s), W)   (+ conv(conv(x, select), W_keep))
+    x' = x · gain / shift                               (the norm gain, quant/fold.py; W8 shift)
+    W8:    y = conv(x', W)
+    W8A8:  y = conv(dequantize(quantize(x', s), s), W)  (+ conv(conv(x', select), W_keep))
 
 Why constexpr_affine_dequantize: it is the form maderix's W8A8 benchmark compiles and runs on
 M4 (maderix-ane-facts §10.3, 1.88x over fp16) and that our doctor probe `op.constexpr_affine_
@@ -36,9 +37,13 @@ def quant_linear(b: GraphBuilder, x: Value, ql: QLinear, bias=None, name: str = 
     """y = W x (+ bias) for x `[1, in, 1, S]` with W held as int8 (module doc)."""
     n = b.graph.peek_name(name)
     w = int8_weight(b, ql, n)
-    if ql.act_scale is None:
-        xs = x if ql.shift == 1.0 else b.mul(x, 1.0 / ql.shift, name=f"{n}_shift")
-    else:
+    if ql.in_gain is not None:  # the norm gain, with the W8 shift in the same multiply
+        x = b.mul(x, b.weight(f"{n}_gain", (ql.in_gain / np.float32(ql.shift)).reshape(1, -1, 1, 1), x.dtype),
+                  name=f"{n}_in")
+    elif ql.shift != 1.0:
+        x = b.mul(x, 1.0 / ql.shift, name=f"{n}_shift")
+    xs = x
+    if ql.act_scale is not None:
         s = np.float16(ql.act_scale)
         xs = b.dequantize(b.quantize(x, s, name=f"{n}_xq"), s, name=f"{n}_xdq")
     y = b.conv(xs, w, name=n if ql.keep_w is None and bias is None else f"{n}_conv")
