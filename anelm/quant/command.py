@@ -97,7 +97,7 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
     from ..generate.perplexity import perplexity
     from ..generate.runner import make_runner
     from ..models.loading import load_model
-    from ..train.export import _check_destination, _publish
+    from ..train.export import _check_destination
 
     refuse_quantized(model, "quantize")
     _check_destination(Path(out))
@@ -107,13 +107,7 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
         raise InputError(f"no tokenizer found for {model}; quantize needs the model's tokenizer")
     calib, held = split_text(tok, text, calib_tokens, eval_tokens)
     seq = min(config.max_position_embeddings, 512)
-    qs, plan, chan = (plan_w8a8 if scheme == "w8a8" else plan_w8)(config, weights, calib, seq, progress)
-    tensors = pack(config, weights, qs, plan)
-    cfg = {**config.to_dict(), "torch_dtype": "float32",
-           "quantization_config": {"quant_method": METHOD, "scheme": scheme, "bits": 8,
-                                   "weights": "int8 per output channel, symmetric",
-                                   "activations": "int8 per tensor, static" if scheme == "w8a8" else "fp16"}}
-    folder = _publish(Path(out), lambda d: _write(d, cfg, tensors, tok))
+    folder, plan, chan = build_folder(Path(out), config, weights, tok, scheme, calib, seq, progress)
     source_ppl = perplexity(make_runner(config, weights, device, max_context=seq), held, seq, progress).ppl
     qconfig, qweights, _ = load_model(folder)
     quantized_ppl = perplexity(make_runner(qconfig, qweights, device, max_context=seq), held, seq, progress).ppl
@@ -125,6 +119,19 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
               "file_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file())}
     (folder / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq: int, progress=None):
+    """Calibrate on `calib`, quantize, and publish the folder at `out`: (folder, plan, channel ranges)."""
+    from ..train.export import _publish
+
+    qs, plan, chan = (plan_w8a8 if scheme == "w8a8" else plan_w8)(config, weights, calib, seq, progress)
+    tensors = pack(config, weights, qs, plan)
+    cfg = {**config.to_dict(), "torch_dtype": "float32",
+           "quantization_config": {"quant_method": METHOD, "scheme": scheme, "bits": 8,
+                                   "weights": "int8 per output channel, symmetric",
+                                   "activations": "int8 per tensor, static" if scheme == "w8a8" else "fp16"}}
+    return _publish(out, lambda d: _write(d, cfg, tensors, tok)), plan, chan
 
 
 def _write(d: Path, cfg: dict, tensors: dict, tok) -> None:
