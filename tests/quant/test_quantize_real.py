@@ -14,7 +14,7 @@ from anelm.generate.pipeline import build_runner
 from anelm.models.loading import load_model
 from anelm.quant.command import build_folder, split_text
 
-SEQ = 512
+SEQ = 128  # one window of the held-out tokens: the 128 bucket, not 512
 LIMITS = {"w8": 1.02, "w8a8": 1.10}
 
 
@@ -58,4 +58,4 @@ def test_w8_kernels_are_int8(scored):
     runner = out["w8"][3]
     art = next(k for key, k in runner.kernels.items() if key[0] == "prefill").artifact
     assert "tensor<int8, [1536, 576, 1, 1]>(BLOBFILE" in art.mil_text  # gate/up as int8 blobs
-    assert "quantize(" not in art.mil_text  # W8 keeps fp16 activations
+    assert " = quantize(" not in art.mil_text  # W8 keeps fp16 activations
