@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "generate": ("generate", "generate text from a model"),
     "chat": ("chat", "chat with a model"),
     "perplexity": ("perplexity", "score a text file with a model: perplexity and next-token choices"),
+    "quantize": ("quantize", "int8 weights (w8) or weights and activations (w8a8), calibrated and scored"),
     "doctor": ("doctor", "report the machine and devices; run the hardware conformance suite"),
     "demo": ("demo", "compile a small transformer layer and run it on the best device"),
     "bench": ("bench", "predict ANE time from the compiled programs (cost model) and measure beside it"),

@@ -20,6 +20,7 @@ from ..ir.ops import OP_TABLE, full_params, raw_compute
 from ..ir.ops_common import dims
 from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var, storage_dtype
 from .emulator_accum import accumulated
+from .emulator_int8 import Int8State, drop_bypassed, note, rewrite
 from .fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted
 from .overflow import Overflow
 from .profile import ChipProfile
@@ -195,6 +196,7 @@ class _Builder:
         self.func, self.resolver, self.profile = func, resolver, profile
         self.plan = Plan(list(func.inputs), list(func.outputs), {})
         self.blobs: dict[str, bytes] = {}
+        self.int8 = Int8State()  # int8 weights and activations seen so far (emulator_int8)
 
     def build(self) -> Plan:
         p = self.plan
@@ -207,6 +209,7 @@ class _Builder:
             if name not in p.types:
                 raise CompileError(name, "returned name is defined by no statement",
                                    "return a variable that a statement binds")
+        drop_bypassed(p, self.int8)
         # keep only the consts a step or the return reads: folded-away operands free their memory
         used = set(p.outputs)
         for step in p.steps:
@@ -301,6 +304,11 @@ class _Builder:
             raise ShapeError(f"node '{node}': {e}") from None
         self.check_types(st, node, tensors, params)
         compute = accumulated(st.op, raw_compute(op), st.results[0][0].dtype, self.profile)
+        pr = self.profile
+        note(self.int8, st.op, dict(tensors), self.plan.consts, params, st.results[0][1])
+        int8 = rewrite(self.int8, st.op, tensors, params, pr.quantize_rounding, pr.accumulator_limit, pr.accumulator)
+        if int8 is not None:  # int8 weights stay int8; the sums are formed as the chip forms them
+            compute, tensors = int8
         step = Step(node, st.op, compute, tensors, params,
                     [(n, self.rounder(st.op, tensors, t.dtype)) for t, n in st.results],
                     checked=[_finite_unchanged if self.rounder(st.op, tensors, t.dtype) is _unchanged

@@ -46,6 +46,9 @@ class ChipProfile:
     # --- the conv/matmul accumulator (strict §2.9) ---
     accumulator_limit: float | None = 32768  # |result| >= limit is +-inf; None: no limit
     accumulator: str = "fp32"  # "fp32", or "q15.16": fixed point, LSB 2^-16, partial sums limited
+    # quantize's ties: MIL's reference rounds half to even; the M6 study saw fp16 outputs round
+    # half away from zero. Unmeasured for quantize itself; see device/emulator_int8.py
+    quantize_rounding: str = "half_even"
     # --- peer-reported switches, off in strict ---
     single_input_only: bool = False  # maderix: multi-input requests give 0x1d
     reject_reduce_mean: bool = False  # Espresso authors: no reduce_mean in raw MIL
@@ -125,6 +128,7 @@ FIELD_CHECKS = {
     "saturate_above": _positive_or_null,
     "accumulator_limit": _positive_or_null,
     "accumulator": _one_of("fp32", "q15.16"),
+    "quantize_rounding": _one_of("half_even", "half_away"),
     "notes": _of_type(dict, "a JSON object"),
 }
 FIELD_CHECKS.update({f.name: _of_type(bool, "true or false") for f in fields(ChipProfile) if f.type == "bool"})

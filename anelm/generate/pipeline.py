@@ -86,8 +86,9 @@ class DeviceRunner:
         self.stream_scale = stream_scale_for(self.cpu.stream_peak(calibration_ids(config)))
         self.shapes = [replace(layer_shape(config, i), stream_scale=self.stream_scale) for i in range(n)]
         # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
-        self.layers = [layer_params(s, layer_weights(config, self.cpu.weights, i))
-                       for i, s in enumerate(self.shapes)]
+        quant = getattr(weights, "quant", None)  # a quantized folder (anelm.quant.folder): int8 linears
+        self.layers = [(quant.kernel_layer if quant else lambda i, s, w: layer_params(s, w))(
+            i, s, layer_weights(config, self.cpu.weights, i)) for i, s in enumerate(self.shapes)]
         self.rope = config.model_type != "gpt2"
         if self.rope:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)

@@ -35,15 +35,28 @@ def _infer_quantize(t, p):
     return [TensorType(p["output_dtype"], x.shape)]
 
 
-def _quantize(x, p):
+def round_half_away(v: np.ndarray) -> np.ndarray:
+    """Ties away from zero (the M6 study's rounding of fp16 outputs; a profile switch)."""
+    return np.copysign(np.floor(np.abs(v) + 0.5), v)
+
+
+ROUNDINGS = {"half_even": np.round, "half_away": round_half_away}
+
+
+def quantize_values(x, p, rounding: str = "half_even"):
+    """quantize's compute with a rounding mode; saturates at the output dtype's range."""
     v = x["input"]
     ax = _axis(p, v.ndim)
     scale = along_axis(x["scale"], ax, v.ndim).astype(np.float32)
     zp = 0 if x.get("zero_point") is None else along_axis(x["zero_point"], ax, v.ndim).astype(np.float32)
     info = np.iinfo(NUMPY_DTYPES[p["output_dtype"]])
-    # np.round is round-half-to-even, as MIL's reference implementation rounds
-    q = np.clip(np.round(v / scale) + zp, info.min, info.max)
+    q = np.clip(ROUNDINGS[rounding](v / scale) + zp, info.min, info.max)
     return [q.astype(NUMPY_DTYPES[p["output_dtype"]])]
+
+
+def _quantize(x, p):
+    # np.round is round-half-to-even, as MIL's reference implementation rounds
+    return quantize_values(x, p, "half_even")
 
 
 define("quantize", ("input", "scale", "zero_point"), _infer_quantize, _quantize,

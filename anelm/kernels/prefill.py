@@ -28,6 +28,8 @@ import numpy as np
 
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Graph, Value
+from ..quant.core import QLinear
+from ..quant.graph import quant_linear
 from .attention import causal_mask
 from .norms import channel_norm, head_rms_norm
 
@@ -157,6 +159,8 @@ def apply_rope(b: GraphBuilder, x: Value, cos: Value, sin: Value, rot: Value, na
 
 def _lin(b: GraphBuilder, x: Value, p: dict, key: str) -> Value:
     w, bias = p[key]
+    if isinstance(w, QLinear):  # int8 weights (anelm.quant): the chip's int8 forms
+        return quant_linear(b, x, w, bias, name=f"{key}_proj")
     return b.linear(x, w, bias, name=f"{key}_proj")
 
 

@@ -18,13 +18,14 @@ from types import ModuleType
 
 import numpy as np
 
+from ..quant.folder import QuantizedWeights, quant_config, scheme_of, unpack
 from .base import CausalLM, check_weights
 from .config import ModelConfig, config_class, config_from_dict
 from .errors import LoadError
 from .llama2c import read_llama2c
 from .tokenizer import Tokenizer, find_tokenizer, load_tokenizer
 
-KINDS = "an HF folder, a RUN folder, a llama2.c .bin or a .gguf file"
+KINDS = "an HF folder, a RUN folder, a quantized folder, a llama2.c .bin or a .gguf file"
 STEP_FILE = re.compile(r"step-(\d+)\.safetensors")
 
 
@@ -64,8 +65,14 @@ def load_model(path: str | os.PathLike, tokenizer: str | os.PathLike | None = No
         raw = read_safetensors([p], set(architecture(config.model_type).expected_shapes(config)))
     else:
         raise LoadError(f"cannot read model file {p}: expected {KINDS}")
+    plan = None
+    if p.is_dir() and (qc := quant_config(p)) is not None:  # anelm quantize's folder: int8 + scales
+        raw, plan = unpack(raw, config, scheme_of(qc, str(p)), str(p))
     arch = architecture(config.model_type)
     weights = check_weights(arch.sanitize(raw, config), arch.expected_shapes(config), str(p))
+    if plan is not None:
+        weights = QuantizedWeights(weights)
+        weights.quant = plan
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     elif tok_dir is not None:

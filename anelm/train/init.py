@@ -60,11 +60,13 @@ def load_pretrained(hf_dir: str | Path):
     """(config dict with HF names, float32 weights, tokenizer or None) from an HF folder or GGUF,
     for `--init-from`: fine-tuning starts from these weights instead of random ones."""
     from ..models.loading import load_model
+    from ..quant.folder import refuse_quantized
 
     p = Path(hf_dir)
     if not (p.is_dir() or (p.is_file() and p.suffix == ".gguf")):
         raise TrainError(f"--init-from {p}: expected an HF model folder (config.json + "
                          "model.safetensors) or a .gguf file, got " + ("a file" if p.exists() else "nothing"))
+    refuse_quantized(p, "train --init-from")
     config, weights, tok = load_model(p)
     model_config(config.to_dict())  # refuses architectures the trainer cannot run
     weights = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}

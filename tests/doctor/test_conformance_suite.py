@@ -63,7 +63,8 @@ def test_emulator_agrees_with_every_reference_under_strict(strict_run):
 def test_derived_profile_equals_strict(strict_run):
     derived = derive_profile(strict_run)
     assert switches(derived) == switches(STRICT)
-    assert derived.notes["unmeasured"] == ["compile_budget"]  # measured only in a child process
+    # compile_budget is measured only in a child process; quantize_rounding has no probe yet
+    assert derived.notes["unmeasured"] == ["compile_budget", "quantize_rounding"]
 
 
 @pytest.mark.parametrize("profile", [LOOSE, PEER], ids=lambda p: p.name)

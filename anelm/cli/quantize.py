@@ -1,0 +1,56 @@
+"""`anelm quantize --model PATH --out DIR [--scheme w8|w8a8] [--data FILE] [--calib-tokens 4096]`
+(CONTRACTS §10): int8 weights per output channel (W8), or also int8 activations at static
+per-tensor scales calibrated on --data (W8A8). Prints the report on stderr (with --json, the
+report as one line on stdout) and writes it to DIR/quantization_report.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import add_device_args, positive_int
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="an HF folder, a .gguf file, a llama2.c .bin or a RUN folder (not a quantized folder)")
+    p.add_argument("--out", required=True, metavar="DIR", help="new folder for the quantized model")
+    p.add_argument("--scheme", choices=["w8", "w8a8"], default="w8",
+                   help="w8: int8 weights (default); w8a8: int8 weights and activations")
+    p.add_argument("--data", metavar="FILE",
+                   help="UTF-8 text: calibration first, then held-out scoring (required for w8a8; "
+                        "w8 defaults to the built-in stories)")
+    p.add_argument("--calib-tokens", type=positive_int, default=4096, metavar="N",
+                   help="tokens of --data that calibrate (default 4096)")
+    p.add_argument("--eval-tokens", type=positive_int, default=512, metavar="N",
+                   help="held-out tokens after them that both models are scored on (default 512)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON line on stdout")
+    add_device_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..quant.command import print_summary, quantize_command
+    from .perplexity import read_text
+
+    if args.scheme == "w8a8" and not args.data:
+        raise UsageError("quantize: --scheme w8a8 needs --data FILE to calibrate the activation scales")
+    if args.data:
+        text = read_text(args.data)
+    else:
+        from ..train.corpus import generate_corpus
+
+        text = generate_corpus(60_000)
+    if args.profile:
+        import os
+
+        from ..device.profile import load_profile
+
+        load_profile(args.profile)  # a bad path fails before any work
+        os.environ["ANELM_PROFILE"] = str(args.profile)
+    report = quantize_command(args.model, args.out, args.scheme, text, args.calib_tokens, args.eval_tokens,
+                              args.device)
+    print_summary(report)
+    if args.json:
+        print(json.dumps(report))
+    return 0

@@ -1,0 +1,46 @@
+"""Activation ranges at every linear's input, from the CPU reference on calibration text.
+
+The CPU model's `project(i, name, x)` is every projection's one entry point, so wrapping it
+on an instance sees each linear's input x [T, in] as the int8 kernels see it (after the norm
+gain, `fold.py`): per input channel the largest |x|, and, for W8, per output row the largest
+unscaled int8 sum |x·qᵀ| the accumulator will hold.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from ..models.loading import build_model
+
+
+def calibrate(config, weights: dict[str, np.ndarray], ids: Sequence[int], seq_len: int,
+              ints: dict[str, np.ndarray] | None = None, progress: bool | None = None
+              ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """({linear: channel max|x| [in]}, {linear: max unscaled sum}) over windows of `ids`.
+
+    Linears are named `model.layers.{i}.{name}`; `ints` gives the int8 matrices whose sums
+    are measured (none: only the channel ranges)."""
+    from tqdm import tqdm
+
+    model = build_model(config, weights)
+    chan: dict[str, np.ndarray] = {}
+    sums: dict[str, float] = {}
+    plain = model.project
+
+    def project(i: int, name: str, x: np.ndarray) -> np.ndarray:
+        key = f"model.layers.{i}.{name}"
+        m = np.abs(x).max(axis=0)
+        chan[key] = m if key not in chan else np.maximum(chan[key], m)
+        if ints is not None and key in ints:
+            peak = float(np.abs(x @ ints[key].T.astype(np.float32)).max())
+            sums[key] = max(sums.get(key, 0.0), peak)
+        return plain(i, name, x)
+
+    model.project = project
+    parts = [ids[i:i + seq_len] for i in range(0, len(ids), seq_len)]
+    for w in tqdm(parts, desc="calibrate", unit="window", file=sys.stderr, disable=None if progress is None else not progress):
+        model.prefill(list(w), model.new_cache())
+    return chan, sums

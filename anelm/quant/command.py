@@ -1,0 +1,153 @@
+"""`anelm quantize`: calibrate, quantize, write the folder, score both models, report.
+
+The text (`--data`, else for W8 the built-in stories) is tokenized once: its first
+`calib_tokens` ids calibrate, the next `eval_tokens` are held out and scored by the source
+model and by the written folder read back, on the same device and profile.
+
+Activation outliers (W8A8). SmolLM2-135M's linear inputs reach 20-24 in a few channels where the
+median channel stays under 3, and its down projections' inputs reach 3,323 and 1,223 in two
+channels (layer 11) against a median of 1.1. One int8 scale for such a tensor gives every
+ordinary channel a step of 26, so they round to 0. We keep the channels whose calibrated range
+exceeds OUTLIER_RATIO × the median channel's out of int8 (at most 1/MAX_KEEP_FRACTION of them):
+they go through a small fp16 side product (quant/graph.py), and the rest get one scale from
+their own range. We chose this over SmoothQuant's migration because the migration has to move
+per-channel factors into the producing op (for the attention output, through v's rows, shared
+per KV group), and with α = 0.5 it still leaves the 3,000-fold channels of layer 11 sharing a
+scale with channels near 1; the kept channels cost a product of k/in of the main one.
+
+W8: the accumulator sums q·x before the row scale, so each linear's input is divided by a power
+of two (`input_shift`) that keeps the largest calibrated sum under ACC_TARGET, 4x below the
+limit of 32768 (strict §2.9): SmolLM2's layer 11 down projection sums to 566,000 unshifted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..models.errors import InputError
+from .calibrate import calibrate
+from .core import QMAX, InputQuant, power_of_two_above, quantize_rows
+from .fold import check_supported
+from .folder import METHOD, QuantPlan, linear_names, pack, refuse_quantized
+
+ACC_TARGET = 8192.0  # W8: largest calibrated unscaled sum after the shift
+OUTLIER_RATIO = 8.0  # W8A8: a channel whose range exceeds this × the median channel's stays fp16
+MAX_KEEP_FRACTION = 16  # ... at most in/16 channels per input
+REPORT = "quantization_report.json"
+
+
+def outliers(chan: np.ndarray) -> np.ndarray:
+    """The input channels kept out of int8: the largest ranges above the ratio, capped."""
+    order = np.argsort(chan)[::-1]
+    over = int((chan > OUTLIER_RATIO * np.median(chan)).sum())
+    return np.sort(order[:min(over, len(chan) // MAX_KEEP_FRACTION)])
+
+
+def plan_w8(config, weights, calib, seq, progress):
+    names = linear_names(config)
+    qs = {n: quantize_rows(weights[n + ".weight"]) for n in names}
+    chan, sums = calibrate(config, weights, calib, seq, {n: qs[n][0] for n in names}, progress)
+    inputs = {n: InputQuant(shift=power_of_two_above(sums[n] / ACC_TARGET)) for n in names}
+    return qs, QuantPlan("w8", inputs), chan
+
+
+def plan_w8a8(config, weights, calib, seq, progress):
+    names = linear_names(config)
+    chan, _ = calibrate(config, weights, calib, seq, None, progress)
+    qs, inputs = {}, {}
+    for n in names:
+        keep = outliers(chan[n])
+        rest = np.delete(chan[n], keep)
+        w = weights[n + ".weight"].copy()
+        w[:, keep] = 0.0  # those columns go through the fp16 side product
+        qs[n] = quantize_rows(w)
+        inputs[n] = InputQuant(1.0, max(float(rest.max()), 1e-4) / QMAX, keep)
+    return qs, QuantPlan("w8a8", inputs), chan
+
+
+def device_bytes(weights: dict, plan: QuantPlan | None = None) -> int:
+    """Weight bytes at 1 B per int8 value and 2 B per fp16 value (scales, outlier columns, the
+    rest), as the device and its fp16 blobs hold them."""
+    total = 2 * sum(int(v.size) for v in weights.values())
+    if plan is None:
+        return total
+    for n, iq in plan.inputs.items():
+        out, inp = weights[n + ".weight"].shape
+        k = 0 if iq.keep is None else len(iq.keep)
+        total += -2 * out * inp + out * (inp - k) + 2 * out * k + 2 * out  # int8 + fp16 columns + row scales
+    return total
+
+
+def split_text(tok, text: str, calib_tokens: int, eval_tokens: int) -> tuple[list[int], list[int]]:
+    ids = tok.encode(text)
+    calib, held = ids[:calib_tokens], ids[calib_tokens:calib_tokens + eval_tokens]
+    if len(held) < 2:
+        raise InputError(f"the text has {len(ids)} tokens: expected more than --calib-tokens "
+                         f"({calib_tokens}) + 2, the rest being held out for scoring")
+    return calib, held
+
+
+def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens: int, eval_tokens: int,
+                     device: str = "auto", progress: bool | None = None) -> dict:
+    """Everything `anelm quantize` does; returns the report."""
+    from ..generate.perplexity import perplexity
+    from ..generate.runner import make_runner
+    from ..models.loading import load_model
+    from ..train.export import _check_destination
+
+    refuse_quantized(model, "quantize")
+    _check_destination(Path(out))
+    config, weights, tok = load_model(model)
+    check_supported(config)
+    if tok is None:
+        raise InputError(f"no tokenizer found for {model}; quantize needs the model's tokenizer")
+    calib, held = split_text(tok, text, calib_tokens, eval_tokens)
+    seq = min(config.max_position_embeddings, 512)
+    folder, plan, chan = build_folder(Path(out), config, weights, tok, scheme, calib, seq, progress)
+    source_ppl = perplexity(make_runner(config, weights, device, max_context=seq), held, seq, progress).ppl
+    qconfig, qweights, _ = load_model(folder)
+    quantized_ppl = perplexity(make_runner(qconfig, qweights, device, max_context=seq), held, seq, progress).ppl
+    report = {"scheme": scheme, "source_ppl": source_ppl, "quantized_ppl": quantized_ppl, "eval_tokens": len(held),
+              "source_bytes": device_bytes(weights), "quantized_bytes": device_bytes(qweights, plan),
+              "max_activation": float(max(float(c.max()) for c in chan.values())),
+              "ppl_ratio": quantized_ppl / source_ppl, "calib_tokens": len(calib),
+              "outlier_channels": int(sum(0 if iq.keep is None else len(iq.keep) for iq in plan.inputs.values())),
+              "file_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file())}
+    (folder / REPORT).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq: int, progress=None):
+    """Calibrate on `calib`, quantize, and publish the folder at `out`: (folder, plan, channel ranges)."""
+    from ..train.export import _publish
+
+    qs, plan, chan = (plan_w8a8 if scheme == "w8a8" else plan_w8)(config, weights, calib, seq, progress)
+    tensors = pack(config, weights, qs, plan)
+    cfg = {**config.to_dict(), "torch_dtype": "float32",
+           "quantization_config": {"quant_method": METHOD, "scheme": scheme, "bits": 8,
+                                   "weights": "int8 per output channel, symmetric",
+                                   "activations": "int8 per tensor, static" if scheme == "w8a8" else "fp16"}}
+    return _publish(out, lambda d: _write(d, cfg, tensors, tok)), plan, chan
+
+
+def _write(d: Path, cfg: dict, tensors: dict, tok) -> None:
+    from safetensors.numpy import save_file
+
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    tok.save(d)
+
+
+def summary(r: dict) -> str:
+    return (f"{r['scheme']}: perplexity {r['source_ppl']:.4f} -> {r['quantized_ppl']:.4f} "
+            f"(x{r['ppl_ratio']:.4f}) on {r['eval_tokens']} held-out tokens; weights "
+            f"{r['source_bytes'] / 2**20:.1f} MiB -> {r['quantized_bytes'] / 2**20:.1f} MiB; "
+            f"largest calibrated activation {r['max_activation']:.1f}")
+
+
+def print_summary(r: dict) -> None:
+    print(summary(r), file=sys.stderr)

@@ -1,0 +1,110 @@
+"""`anelm quantize` and the quantized folder (CONTRACTS §10) on a tiny Llama (GQA): the folder's
+layout, every reading command, the refusals, and the int8 the kernels carry."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+pytest.importorskip("transformers")
+_spec = importlib.util.spec_from_file_location("hf_tiny", Path(__file__).resolve().parents[1] / "models" / "hf_tiny.py")
+hf_tiny = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hf_tiny)
+
+from anelm.cli.main import main  # noqa: E402
+from anelm.generate.pipeline import build_runner  # noqa: E402
+from anelm.mil.blob import blob_chunks  # noqa: E402
+from anelm.models.loading import load_model  # noqa: E402
+
+REPORT_KEYS = {"scheme", "source_ppl", "quantized_ppl", "eval_tokens", "source_bytes", "quantized_bytes",
+               "max_activation"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("quant") / "llama"
+    hf_tiny.make_word_model(d)
+    ids = np.random.default_rng(3).integers(3, 96, 200).tolist()
+    text = d.parent / "text.txt"
+    text.write_text(" ".join(hf_tiny.WORDS[i] for i in ids) + "\n", encoding="utf-8")
+    return d, text
+
+
+def cli(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture(scope="module")
+def folders(tiny, tmp_path_factory):
+    d, text = tiny
+    out = {}
+    for scheme in ("w8", "w8a8"):
+        q = tmp_path_factory.mktemp("q") / scheme
+        assert main(["quantize", "--model", str(d), "--out", str(q), "--scheme", scheme, "--data", str(text),
+                     "--calib-tokens", "64", "--eval-tokens", "64", "--device", "emulator"]) == 0
+        out[scheme] = q
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["w8", "w8a8"])
+def test_folder_layout_and_report(folders, tiny, scheme):
+    q = folders[scheme]
+    cfg = json.loads((q / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "anelm" and cfg["quantization_config"]["scheme"] == scheme
+    assert (q / "tokenizer.json").is_file()
+    t = load_file(str(q / "model.safetensors"))
+    name = "model.layers.0.self_attn.q_proj"
+    assert t[name + ".weight"].dtype == np.int8 and t[name + ".weight_scale"].dtype == np.float32
+    assert (name + ".input_scale" in t) == (scheme == "w8a8")
+    rep = json.loads((q / "quantization_report.json").read_text())
+    assert REPORT_KEYS <= set(rep) and rep["scheme"] == scheme and rep["eval_tokens"] == 64
+    assert rep["quantized_bytes"] < 0.6 * rep["source_bytes"]
+    # a random tiny model has small, even activations: int8 barely moves its perplexity
+    assert abs(rep["quantized_ppl"] / rep["source_ppl"] - 1) < 0.05
+
+
+def test_kernels_carry_the_folders_int8(folders):
+    config, weights, _ = load_model(folders["w8a8"])
+    runner = build_runner(config, weights, "emulator", max_context=32)
+    runner.prefill([5, 6, 7], runner.new_cache())
+    kernel = runner.kernels[("prefill", 0, runner.plan.bucket(3))]
+    art = kernel.artifact
+    assert "constexpr_affine_dequantize" in art.mil_text and "quantize(" in art.mil_text
+    chunks = {p: blob_chunks(b) for p, b in art.weights.items()}
+    assert any(c.dtype == "int8" for cs in chunks.values() for c in cs)
+    # the o projection's int8 blob is the folder's o_proj int8, byte for byte (quant.core doc)
+    stored = load_file(str(folders["w8a8"] / "model.safetensors"))["model.layers.0.self_attn.o_proj.weight"]
+    blob = next(b for p, b in art.weights.items() if "o_proj_w8_quantized_data" in p)
+    assert blob_chunks(blob)[0].dtype == "int8"
+    assert bytes(blob[128:128 + stored.size]) == stored.tobytes()
+
+
+@pytest.mark.parametrize("scheme", ["w8", "w8a8"])
+def test_every_reading_command_reads_the_folder(folders, tiny, capsys, scheme):
+    q, (_, text) = folders[scheme], tiny
+    rc, out, _ = cli(capsys, "perplexity", "--model", str(q), "--data", str(text), "--max-tokens", "40",
+                     "--device", "emulator", "--json")
+    assert rc == 0 and json.loads(out)["predictions"] == 39
+    rc, out, _ = cli(capsys, "generate", "--model", str(q), "--prompt", hf_tiny.WORDS[5], "--max-tokens", "4",
+                     "--temperature", "0", "--device", "emulator", "--json")
+    assert rc == 0 and len(json.loads(out)["ids"]) >= 1
+
+
+@pytest.mark.parametrize("argv", [["quantize", "--model", "{q}", "--out", "{tmp}/again"],
+                                  ["export", "{q}", "--out", "{tmp}/hf"],
+                                  ["train", "--init-from", "{q}", "--steps", "1", "--out", "{tmp}/run"]])
+def test_writing_commands_refuse_the_folder(folders, tmp_path, capsys, argv):
+    argv = [a.format(q=folders["w8"], tmp=tmp_path) for a in argv]
+    rc, _, err = cli(capsys, *argv)
+    lines = err.strip().splitlines()
+    assert rc == 1 and lines[-1].startswith("anelm: error: ") and "quantized folder" in lines[-1]
+
+
+def test_w8a8_needs_data(tiny, tmp_path, capsys):
+    rc, _, err = cli(capsys, "quantize", "--model", str(tiny[0]), "--out", str(tmp_path / "x"), "--scheme", "w8a8")
+    assert rc == 2 and err.startswith("anelm: error: ") and "--data" in err
