@@ -34,7 +34,6 @@ def share_setup(group, make: Callable[[], RunSetup]) -> RunSetup:
     if group.is_main:
         try:
             setup = make()
-            check_world(setup.checkpoint, group.world)
             manifest = _manifest(setup)
         except (AnelmError, OSError, ValueError) as e:
             group.broadcast_object({"error": str(e), "usage": isinstance(e, UsageError)})
@@ -52,17 +51,6 @@ def share_setup(group, make: Callable[[], RunSetup]) -> RunSetup:
         setup, problem = _follower(manifest, arrays, group.rank)
     group.agree(problem)
     return setup
-
-
-def check_world(ck: Checkpoint | None, world: int) -> None:
-    """A checkpoint resumes only in a job of the world size that wrote it: the batch order
-    and the sum of the gradients depend on it."""
-    if ck is None:
-        return
-    wrote = int(ck.extra.get("world_size", 1))
-    if wrote != world:
-        raise UsageError(f"the checkpoint at step {ck.step} was written by {wrote} rank(s) and this job "
-                         f"has {world}; expected WORLD_SIZE={wrote} to resume it")
 
 
 def tokens_digest(tokens: np.ndarray) -> tuple[int, int]:

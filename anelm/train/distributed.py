@@ -82,6 +82,10 @@ SOLO = Solo()
 
 def join(timeout_s: float = DEFAULT_TIMEOUT_S) -> "Group":
     """This process's rank in the job the launcher started, or a one-line error."""
+    if not os.environ.get("ANELM_DEBUG"):
+        # c10d logs each failed socket with a C++ stack trace; a lost rank is reported as
+        # one line instead. Read when torch loads, so set before the import.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
         import torch.distributed as dist
     except ImportError:
@@ -108,9 +112,12 @@ class Group(Solo):
         self.addr, self.port = os.environ["MASTER_ADDR"], _env_int("MASTER_PORT")
         self.collectives = 0   # started so far; the heartbeat publishes it (a hung rank lags)
         self._stop = threading.Event()
+        # gloo gives up a little before --dist-timeout, leaving the diagnosis time to name
+        # the lost rank (3 heartbeat periods) within it
+        gloo_s = max(self.timeout_s - 4 * BEAT_S, self.timeout_s / 2)
         try:
             dist.init_process_group("gloo", rank=self.rank, world_size=self.world,
-                                    timeout=timedelta(seconds=self.timeout_s))
+                                    timeout=timedelta(seconds=gloo_s))
         except (RuntimeError, ValueError) as e:
             raise DistributedError(f"rank {self.rank}: the {self.world} ranks did not meet at "
                                    f"{self.addr}:{self.port} within --dist-timeout {self.timeout_s:g} s "
@@ -265,6 +272,15 @@ def digest_mismatch(step: int, digests: list[int]) -> str | None:
     return (f"the ranks' weights differ at step {step} (rank {', '.join(map(str, odd))} against rank 0: "
             "digests " + " ".join(f"{d:08x}" for d in digests) + "); stopped, expected every rank "
             "to apply the same update")
+
+
+def check_world(ck, world: int) -> None:
+    """A checkpoint resumes only in a job of the world size that wrote it: the batch order
+    and the sum of the gradients depend on it."""
+    wrote = int(ck.extra.get("world_size", 1))
+    if wrote != world:
+        raise UsageError(f"the checkpoint at step {ck.step} was written by {wrote} rank(s) and this job "
+                         f"has {world}; expected WORLD_SIZE={wrote} to resume it")
 
 
 def _env_int(name: str) -> int:

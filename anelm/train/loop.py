@@ -36,7 +36,7 @@ from ..errors import CompileBudgetExceeded
 from .checkpoint import Checkpoint, latest_checkpoint, save_checkpoint
 from .data import Batcher, eval_batches
 from .errors import CheckpointError, TrainError
-from .distributed import SOLO
+from .distributed import SOLO, check_world
 from .metrics import MetricsLog, NullLog, Progress, plot_loss
 from .optim import AdamW, accumulate_, adamw_flops, update_scale, zero_, zeros_like
 from .run import RunSetup
@@ -97,6 +97,7 @@ class Trainer:
     # ---------------------------------------------------------------- state
 
     def _restore(self, ck: Checkpoint) -> None:
+        check_world(ck, self.sync.world)
         try:
             self.opt.load_state_dict(ck.optimizer, ck.optimizer_state)
             self.scaler = scaler_from_state(ck.scaler)
