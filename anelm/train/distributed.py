@@ -28,7 +28,9 @@ torch is imported here only, and only when `--distributed` is asked for (`join`)
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 import threading
 import time
 import zlib
@@ -111,6 +113,7 @@ class Group(Solo):
         self.is_main = self.rank == 0
         self.addr, self.port = os.environ["MASTER_ADDR"], _env_int("MASTER_PORT")
         self.collectives = 0   # started so far; the heartbeat publishes it (a hung rank lags)
+        self.lost = False
         self._stop = threading.Event()
         # gloo gives up a little before --dist-timeout, leaving the diagnosis time to name
         # the lost rank (3 heartbeat periods) within it
@@ -133,6 +136,9 @@ class Group(Solo):
         try:
             yield
         except RuntimeError as e:  # DistBackendError and gloo's socket errors
+            if not self.lost:
+                self.lost = True
+                atexit.register(_exit_now)
             raise LostRank(self.diagnose(e)) from None
 
     def reducer(self, base=None):
@@ -202,6 +208,8 @@ class Group(Solo):
 
     def close(self) -> None:
         self._stop.set()
+        if self.lost:  # tearing down would wait out the collectives still queued on the lost rank
+            return
         try:
             self.dist.destroy_process_group()
         except (RuntimeError, ValueError, AssertionError):  # already gone with a lost peer
@@ -281,6 +289,14 @@ def check_world(ck, world: int) -> None:
     if wrote != world:
         raise UsageError(f"the checkpoint at step {ck.step} was written by {wrote} rank(s) and this job "
                          f"has {world}; expected WORLD_SIZE={wrote} to resume it")
+
+
+def _exit_now() -> None:
+    """The end of a process that lost a rank, once its error line is out: the collectives
+    still queued on the lost rank would otherwise hold the exit until each times out."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _env_int(name: str) -> int:

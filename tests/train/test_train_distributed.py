@@ -84,10 +84,10 @@ def popen(argv, e, **extra):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def ranks(args, e, port=None, **extra):
+def ranks(args, e, timeout=60, **extra):
     """Two `anelm train --distributed` ranks started as a launcher would start them."""
-    port = port or free_port()
-    return [popen(["-m", "anelm", "train", "--distributed", "--dist-timeout=60", *args], e,
+    port = free_port()
+    return [popen(["-m", "anelm", "train", "--distributed", f"--dist-timeout={timeout}", *args], e,
                   RANK=str(r), WORLD_SIZE="2", MASTER_PORT=str(port), **extra) for r in (0, 1)]
 
 
@@ -110,11 +110,11 @@ def eval_losses(run):
     return {r["step"]: r["eval_loss"] for r in read_metrics(run) if "eval_loss" in r}
 
 
-def kill_rank_1_after_two_steps(run, procs):
+def signal_rank_1_after_two_steps(run, procs, sig):
     deadline = time.time() + 180
     while len(records(run)) < 2 and procs[0].poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    procs[1].send_signal(signal.SIGKILL)
+    procs[1].send_signal(sig)
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +126,12 @@ def jobs(env):
     two = popen(["-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
                  f"--master-port={free_port()}", str(base / "wrapper.py"), "train", "--distributed",
                  "--dist-timeout=60", *flags(data, base / "two")], e, DUMP_DIR=str(dump))
-    lost = ranks(flags(data, base / "lost", steps=500, save_every=500, eval_every=500), e)
-    threading.Thread(target=kill_rank_1_after_two_steps, args=(base / "lost", lost), daemon=True).start()
+    endless = {"steps": 500, "save_every": 500, "eval_every": 500}
+    lost = {}
+    for name, sig in (("dead", signal.SIGKILL), ("hung", signal.SIGSTOP)):
+        lost[name] = ranks(flags(data, base / name, **endless), e, timeout=20)
+        threading.Thread(target=signal_rank_1_after_two_steps, args=(base / name, lost[name], sig),
+                         daemon=True).start()
     killed_dir = base / "killed"
     victims = ranks(flags(data, killed_dir), e)
     first = killed_dir / "checkpoints" / "step-000002.safetensors"
@@ -192,15 +196,21 @@ def test_another_world_size_than_the_checkpoints_is_one_line(jobs, tmp_path, cap
     assert err[-1].startswith("anelm: error: ") and "written by 2 rank(s)" in err[-1], err
 
 
-def test_a_killed_rank_ends_the_other_with_one_line_naming_it(jobs):
-    base, procs = jobs[0], jobs[-1]  # rank 1 was killed once rank 0 had logged two steps
-    _, err = procs[0].communicate(timeout=60)  # --dist-timeout is 60: no hang past it
-    procs[1].wait()
+@pytest.mark.parametrize("how", ["dead", "hung"])
+def test_a_killed_or_stopped_rank_ends_the_other_with_one_line_naming_it(jobs, how):
+    procs = jobs[-1][how]  # rank 1 got SIGKILL / SIGSTOP once rank 0 had logged two steps
+    try:
+        _, err = procs[0].communicate(timeout=120)  # --dist-timeout 20: never a hang
+    finally:
+        procs[1].kill()
+        procs[1].wait()
     assert procs[0].returncode == 1, err
     lines = err.strip().splitlines()
     assert lines[-1].startswith("anelm: error: lost rank 1 "), lines
     assert not any(line.startswith("anelm: error:") for line in lines[:-1])
     assert "Traceback" not in err and "frame #" not in err, err
+    if how == "hung":
+        assert "Timed out" in lines[-1], lines[-1]
 
 
 def test_without_torch_distributed_is_one_line_saying_what_to_install(monkeypatch, capsys, tmp_path):
