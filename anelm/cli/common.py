@@ -12,6 +12,26 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
                    help="chip-profile JSON (default: $ANELM_PROFILE, else the built-in 'strict')")
 
 
+def add_distributed_args(p: argparse.ArgumentParser) -> None:
+    """Data-parallel training flags (CONTRACTS §12), shared by train and finetune."""
+    p.add_argument("--distributed", action="store_true",
+                   help="one rank of a data-parallel job (torchrun, or RANK, WORLD_SIZE, MASTER_ADDR, "
+                        "MASTER_PORT set by another launcher); needs pip install 'anelm[distributed]'")
+    p.add_argument("--dist-timeout", type=positive_float, default=300.0, metavar="S",
+                   help="seconds a rank waits for the others before it stops with an error naming "
+                        "the lost rank (default: 300)")
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return v
+
+
 def device_from_args(args):
     """The device and profile the user asked for; the choice is printed to stderr."""
     from ..device.profile import load_profile

@@ -4,6 +4,7 @@
     anelm train --preset stories15m --data tinystories.bin --tokenizer tokenizer.model
     anelm train --out runs/a --resume             # continue a run (killed or finished)
     anelm train --init-from ~/models/SmolLM-135M --data notes.txt --steps 200
+    torchrun --nproc-per-node 2 -m anelm train --distributed --out runs/dp   # data-parallel
 
 The run folder (CONTRACTS §4) gets config.json, the tokenizer, metrics.jsonl, loss.png and
 checkpoints. Progress and notices go to stderr; the sample generated at the end goes to stdout.
@@ -18,7 +19,7 @@ import sys
 import time
 from dataclasses import fields
 
-from .common import add_device_args, positive_int
+from .common import add_device_args, add_distributed_args, positive_int
 
 
 def _nonneg_int(text: str) -> int:
@@ -77,6 +78,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the predicted step time per chip (anelm bench's cost model) and exit; compiles nothing on a device")
     add_device_args(p)
+    add_distributed_args(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,9 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
         return dry_run({n: getattr(args, n) for n in TrainSettings.names()})
     from ..device.profile import load_profile
-    from ..device.select import get_device
     from ..errors import UsageError
-    from ..train.loop import Trainer, sample_text, summary
     from ..train.run import prepare
     from ..train.settings import TrainSettings
 
@@ -97,25 +97,47 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     profile = load_profile(args.profile)  # a bad profile fails before any work
     explicit = {n: getattr(args, n) for n in TrainSettings.names()}
-    setup = prepare(explicit, out, args.resume)
-    ck = setup.checkpoint
+    if not args.distributed:
+        return _train(args, profile, prepare(explicit, out, args.resume), None)
+    from ..train.dist_setup import share_setup
+    from ..train.distributed import join
+
+    if explicit.get("pipeline") == "static" and profile.compile_budget:
+        raise UsageError("--distributed needs --pipeline dynamic: the static pipeline restarts its "
+                         "process when the compile budget runs out, which would leave the job")
+    group = join(args.dist_timeout)
+    try:
+        return _train(args, profile, share_setup(group, lambda: prepare(explicit, out, args.resume)), group)
+    finally:
+        group.close()
+
+
+def _train(args, profile, setup, group) -> int:
+    from ..device.select import get_device
+    from ..train.loop import Trainer, sample_text, summary
+
+    ck, main = setup.checkpoint, group is None or group.is_main
     if ck is not None and ck.step >= setup.args.steps and not ck.extra.get("pending_eval"):
-        _notice(f"nothing to do: {setup.run} already finished {ck.step} of "
-                f"{setup.args.steps} steps")
+        if main:
+            _notice(f"nothing to do: {setup.run} already finished {ck.step} of "
+                    f"{setup.args.steps} steps")
         return 0
     try:
         device = get_device(args.device, profile)
-        trainer = Trainer(setup, device, budget=profile.compile_budget,
-                          restart=lambda: _reexec(setup, args))
+        restart = None if group is not None else (lambda: _reexec(setup, args))
+        trainer = Trainer(setup, device, budget=profile.compile_budget, restart=restart, sync=group)
     except BaseException:
         if setup.created:  # no device or no kernels: leave no half-started run behind
             shutil.rmtree(setup.run, ignore_errors=True)
         raise
-    _describe(setup)
+    if main:
+        _describe(setup, group)
     try:
         outcome = trainer.train()
     finally:
         trainer.close()
+    if not main:
+        return 0
     text = sample_text(setup, setup.args.sample_tokens, setup.args.seed)
     if text is not None:
         sys.stdout.write(text + "\n")
@@ -124,12 +146,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe(setup) -> None:
+def _describe(setup, group) -> None:
     a, c = setup.args, setup.model_config
     n = sum(int(p.size) for p in setup.params.values())
     start = f"resuming at step {setup.checkpoint.step}" if setup.checkpoint else "from step 0"
+    ranks = f" on each of {group.world} ranks" if group is not None else ""
     _notice(f"run {setup.run}: {c.model_type} {n / 1e6:.2f}M parameters, {a.steps} steps of "
-            f"{a.batch_size}x{a.seq_len} tokens (x{a.grad_accum} accum), {a.pipeline} pipeline, {start}")
+            f"{a.batch_size}x{a.seq_len} tokens{ranks} (x{a.grad_accum} accum), {a.pipeline} pipeline, {start}")
     _notice(f"data: {setup.data.source}, {len(setup.data.train):,} train / "
             f"{len(setup.data.val):,} held-out tokens, vocab {c.vocab_size}")
 

@@ -59,6 +59,10 @@ class Job:
     def wait(self) -> None:
         self._done.wait()
 
+    def done(self) -> bool:
+        """Finished (without waiting): lets a caller act on whichever jobs are ready."""
+        return self._done.is_set()
+
     def result(self) -> Any:
         self.wait()
         if self._error is not None:

@@ -291,19 +291,25 @@ def unigram_entropy(tokens: np.ndarray) -> float:
 
 class Batcher:
     """Random windows from the training split, from a seeded generator whose state is saved
-    in checkpoints, so a resumed run draws exactly the batches the straight run would."""
+    in checkpoints, so a resumed run draws exactly the batches the straight run would.
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int):
+    `shard=(rank, world)` (data-parallel training): every rank draws the same global batch of
+    world × batch_size windows and keeps rows rank·B .. rank·B + B, so the ranks together see
+    exactly what one process with batch world × B sees, and their generators stay equal."""
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int,
+                 shard: tuple[int, int] = (0, 1)):
         if len(tokens) < seq_len + 1:
             raise DataError(f"training split has {len(tokens)} tokens; expected at least {seq_len + 1}")
-        self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
+        self.tokens, self.batch_size, self.seq_len, self.shard = tokens, batch_size, seq_len, shard
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.drawn = 0  # batches drawn so far: the data position
 
     def next(self) -> tuple[np.ndarray, np.ndarray]:
         """(inputs, targets), each int64 `[B, S]`; targets are the inputs shifted by one."""
-        offsets = self.rng.integers(0, len(self.tokens) - self.seq_len, size=self.batch_size)
-        windows = _windows(self.tokens, offsets, self.seq_len)
+        offsets = self.rng.integers(0, len(self.tokens) - self.seq_len,
+                                    size=self.batch_size * self.shard[1])
+        windows = _windows(self.tokens, _my_rows(offsets, self.shard), self.seq_len)
         self.drawn += 1
         return windows[:, :-1], windows[:, 1:]
 
@@ -316,15 +322,25 @@ class Batcher:
         self.drawn = int(d["drawn"])
 
 
+def _my_rows(global_batch: np.ndarray, shard: tuple[int, int]) -> np.ndarray:
+    """This rank's equal slice of a global batch (rows rank·n/world .. (rank+1)·n/world)."""
+    rank, world = shard
+    per = len(global_batch) // world
+    return global_batch[rank * per:(rank + 1) * per]
+
+
 def _windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> np.ndarray:
     idx = offsets[:, None] + np.arange(seq_len + 1)  # (B, S+1)
     return np.asarray(tokens[idx], dtype=np.int64)
 
 
-def eval_batches(val: np.ndarray, batch_size: int, seq_len: int,
-                 max_batches: int = 8) -> list[tuple[np.ndarray, np.ndarray]]:
+def eval_batches(val: np.ndarray, batch_size: int, seq_len: int, max_batches: int = 8,
+                 shard: tuple[int, int] = (0, 1)) -> list[tuple[np.ndarray, np.ndarray]]:
     """A fixed set of validation batches: evenly spaced windows over the split, the same on
-    every call, so eval losses are comparable across steps and runs."""
+    every call, so eval losses are comparable across steps and runs. With `shard`, the
+    batches are the global ones of world × batch_size windows and this rank gets its slice of
+    each (as `Batcher`), so the mean over the ranks is the one-process eval loss."""
+    batch_size *= shard[1]
     if len(val) < seq_len + 1:
         raise DataError(f"validation split has {len(val)} tokens; expected at least {seq_len + 1}")
     count = min(max_batches * batch_size, (len(val) - 1) // seq_len)
@@ -332,4 +348,7 @@ def eval_batches(val: np.ndarray, batch_size: int, seq_len: int,
     groups = [offsets[i:i + batch_size] for i in range(0, count, batch_size)]
     if len(groups) > 1 and len(groups[-1]) < batch_size:
         groups.pop()  # equal batch shapes, so one compiled kernel shape serves all
-    return [(w[:, :-1], w[:, 1:]) for w in (_windows(val, g, seq_len) for g in groups)]
+    if len(groups[0]) < shard[1]:
+        raise DataError(f"validation split has {len(val)} tokens, {len(groups[0])} windows of "
+                        f"{seq_len}; expected at least one per rank ({shard[1]})")
+    return [(w[:, :-1], w[:, 1:]) for w in (_windows(val, _my_rows(g, shard), seq_len) for g in groups)]

@@ -10,6 +10,9 @@ One optimizer step (`Trainer._update`):
     optim.update_scale), then step.set_weights
 
 then a metrics record, an eval every --eval-every steps, a checkpoint every --save-every.
+Data-parallel (`sync`, a `distributed.Group`): each rank runs this same loop on its slice of
+every batch; the last micro-batch's gradients come back summed over the ranks (dist_grads),
+the loss is the mean over the ranks, and rank 0 alone writes metrics and checkpoints.
 Everything that decides a later loss (weights, AdamW moments, scaler, batch RNG, step) is
 in the checkpoint, so a run killed at any moment and resumed logs the same losses.
 
@@ -33,7 +36,8 @@ from ..errors import CompileBudgetExceeded
 from .checkpoint import Checkpoint, latest_checkpoint, save_checkpoint
 from .data import Batcher, eval_batches
 from .errors import CheckpointError, TrainError
-from .metrics import MetricsLog, Progress, plot_loss
+from .distributed import SOLO, check_world
+from .metrics import MetricsLog, NullLog, Progress, plot_loss
 from .optim import AdamW, accumulate_, adamw_flops, update_scale, zero_, zeros_like
 from .run import RunSetup
 from .scaler import make_scaler, scaler_from_state
@@ -62,23 +66,25 @@ class Trainer:
 
     def __init__(self, setup: RunSetup, device, *, step_factory: StepFactory = device_step_factory,
                  budget: int | None = None, restart: Callable[[], None] | None = None,
-                 progress: bool | None = None, notice: Callable[[str], None] | None = None):
+                 progress: bool | None = None, notice: Callable[[str], None] | None = None,
+                 sync=None):
         self.s, self.a, self.device = setup, setup.args, device
+        self.sync = sync = sync or SOLO
         self.params, self.budget, self.restart = setup.params, budget, restart
         self._notice = notice or (lambda m: print(f"anelm: {m}", file=sys.stderr, flush=True))
         a = self.a
         self.opt = AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay)
         self.scaler = make_scaler(a.loss_scale)
         self.schedule = CosineSchedule(a.lr, a.steps, a.warmup)
-        self.batcher = Batcher(setup.data.train, a.batch_size, a.seq_len, a.seed)
-        self.evals = eval_batches(setup.data.val, a.batch_size, a.seq_len, a.eval_batches)
+        self.batcher = Batcher(setup.data.train, a.batch_size, a.seq_len, a.seed, shard=sync.shard)
+        self.evals = eval_batches(setup.data.val, a.batch_size, a.seq_len, a.eval_batches, sync.shard)
         self.step, self.pending_eval = 0, False
         if setup.checkpoint is not None:
             self._restore(setup.checkpoint)
         self.acc = zeros_like(self.params) if a.grad_accum > 1 else None
         # drops records past the checkpoint: the killed run logged them, this one logs them again
-        self.log = MetricsLog(setup.run, resume_step=self.step)
-        self.progress_enabled = progress
+        self.log = MetricsLog(setup.run, resume_step=self.step) if sync.is_main else NullLog()
+        self.progress_enabled = progress if sync.is_main else False
         self.dev = step_factory(setup.model_config, self.params, device,
                                 seq_len=a.seq_len, pipeline=a.pipeline)
         self.device_name = getattr(device, "name", str(device))
@@ -91,6 +97,7 @@ class Trainer:
     # ---------------------------------------------------------------- state
 
     def _restore(self, ck: Checkpoint) -> None:
+        check_world(ck, self.sync.world)
         try:
             self.opt.load_state_dict(ck.optimizer, ck.optimizer_state)
             self.scaler = scaler_from_state(ck.scaler)
@@ -102,12 +109,15 @@ class Trainer:
         self.pending_eval = bool(ck.extra.get("pending_eval", False))
 
     def save(self, pending_eval: bool = False) -> None:
+        self.sync.check_same(self.step, self.params)  # every rank, before rank 0 writes
+        if not self.sync.is_main:
+            return
         tensors, opt_meta = self.opt.state_dict()
         b = self.batcher.state_dict()
         ck = Checkpoint(step=self.step, config=self.s.config, weights=self.params, optimizer=tensors,
                         optimizer_state=opt_meta, scaler=self.scaler.state_dict(),
                         rng={"data": b["rng"]}, data={"drawn": b["drawn"]},
-                        extra={"pending_eval": pending_eval})
+                        extra={"pending_eval": pending_eval, "world_size": self.sync.world})
         save_checkpoint(self.s.run, ck, keep_last=self.a.keep_last or None)
 
     # ----------------------------------------------------------------- the loop
@@ -115,7 +125,7 @@ class Trainer:
     def train(self) -> Outcome:
         a, t_start, records = self.a, time.perf_counter(), []
         bar = Progress(a.steps, initial=self.step, disable=self._bar_disabled())
-        self._say = bar.write
+        self._say = bar.write if self.sync.is_main else (lambda m: None)
         try:
             if self.pending_eval:  # a restart interrupted this step's eval: do it first
                 self._eval(bar)
@@ -161,36 +171,46 @@ class Trainer:
 
     def _update(self) -> dict:
         """One optimizer step; returns its metrics record (already logged)."""
-        a, t0 = self.a, time.perf_counter()
+        a, t0, sync = self.a, time.perf_counter(), self.sync
         lr, scale = self.schedule(self.step), self.scaler.scale
-        loss_sum, stats_sum, grads = 0.0, {}, None
+        loss_sum, stats_sum, grads, sink = 0.0, {}, None, None
         if self.acc is not None:
             zero_(self.acc)
-        for _ in range(a.grad_accum):
+        for k in range(a.grad_accum):
             x, y = self.batcher.next()
-            loss, grads, stats = self.dev.loss_and_grads(x, y, loss_scale=scale)
-            if not math.isfinite(loss):
+            # the ranks' gradients are summed once per step, on the last micro-batch
+            sink = sync.reducer(self.acc) if k == a.grad_accum - 1 else None
+            loss, grads, stats = self.dev.loss_and_grads(
+                x, y, loss_scale=scale, **({"sink": sink} if sink is not None else {}))
+            if not math.isfinite(loss) and sync.world == 1:
                 raise self._diverged(loss, "training", self.step + 1)
             loss_sum += loss
-            for k, v in stats.items():
-                stats_sum[k] = stats_sum.get(k, 0) + v
-            if self.acc is not None:
+            for key, v in stats.items():
+                stats_sum[key] = stats_sum.get(key, 0) + v
+            if self.acc is not None and sink is None:
                 accumulate_(self.acc, grads)
-        grads = self.acc if self.acc is not None else grads
+        if self.acc is not None and sink is None:
+            grads = self.acc
+        loss = sync.mean(loss_sum / a.grad_accum)  # every rank decides divergence alike
+        if not math.isfinite(loss):
+            raise self._diverged(loss, "training", self.step + 1)
         rec = self._apply(grads, scale, lr)
         self.step += 1
         dt = time.perf_counter() - t0
-        tokens = a.batch_size * a.seq_len * a.grad_accum
+        tokens = a.batch_size * a.seq_len * a.grad_accum * sync.world
         return self.log.log_step(
-            self.step, loss_sum / a.grad_accum, lr, scale, tokens / dt, self.device_name,
+            self.step, loss, lr, scale, tokens / dt, self.device_name,
             int(stats_sum.get("device_flops", 0)),
             int(stats_sum.get("cpu_flops", 0)) + adamw_flops(self.n_params), **rec,
             **{k: round(float(stats_sum[k]), 6) for k in ("t_device", "t_cpu", "t_dw") if k in stats_sum},
+            **{k: stats_sum[k] for k in ("allreduce_ms", "allreduce_wait_ms", "allreduce_bytes")
+               if k in stats_sum},
             t_step=round(dt, 6))
 
     def _apply(self, grads: dict, scale: float, lr: float) -> dict:
         """Scaler decision, unscale, clip, AdamW, weights to the device. Returns record extras."""
-        norm, factor = update_scale(grads, scale, self.a.grad_accum, self.a.clip)
+        # the sum over the ranks: 1/world joins 1/(scale·accum) in the one factor
+        norm, factor = update_scale(grads, scale, self.a.grad_accum * self.sync.world, self.a.clip)
         if not self.scaler.update(math.isfinite(norm)):
             return {"skipped": True, "grad_norm": None}
         t0 = time.perf_counter()
@@ -204,7 +224,7 @@ class Trainer:
 
     def _eval(self, bar) -> float:
         losses = [self.dev.loss(x, y) for x, y in self.evals]
-        value = float(np.mean(losses))
+        value = self.sync.mean(float(np.mean(losses)))  # equal slices: the global mean
         if not math.isfinite(value):
             raise self._diverged(value, "eval", self.step)
         self.log.log_eval(self.step, value)
@@ -224,6 +244,8 @@ class Trainer:
                 f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
 
     def _plot(self) -> None:
+        if not self.sync.is_main:
+            return
         try:
             plot_loss(self.s.run, reference=self.s.data.entropy)
         except Exception as e:  # noqa: BLE001 - a plotting failure must not end a training run

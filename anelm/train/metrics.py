@@ -86,6 +86,20 @@ class MetricsLog:
         self.close()
 
 
+class NullLog(MetricsLog):
+    """The records of a rank other than 0 in data-parallel training: built, never written
+    (rank 0 alone writes metrics.jsonl, CONTRACTS §12)."""
+
+    def __init__(self):
+        pass
+
+    def _write(self, rec: dict) -> dict:
+        return {k: _clean(v) for k, v in rec.items()}
+
+    def close(self) -> None:
+        pass
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     with atomic_open(path) as f:
         f.write(data)

@@ -114,9 +114,13 @@ class DeviceTrainStep:
                                                                       self.cfg.rms_norm_eps)[0])
             return ops.cross_entropy(logits, np.asarray(y).reshape(-1))[0]
 
-    def loss_and_grads(self, x: np.ndarray, y: np.ndarray,
-                       loss_scale: float = 1.0) -> tuple[float, dict[str, np.ndarray], dict]:
-        """(unscaled mean loss, gradients × loss_scale by weight name, stats)."""
+    def loss_and_grads(self, x: np.ndarray, y: np.ndarray, loss_scale: float = 1.0,
+                       sink=None) -> tuple[float, dict[str, np.ndarray], dict]:
+        """(unscaled mean loss, gradients × loss_scale by weight name, stats).
+
+        `sink` (data-parallel training, `dist_grads.GradReducer`) is offered each layer's
+        gradients as soon as the backward has queued them, so it can start reducing them
+        while the rest of the backward runs; its `finish` gives the gradients returned."""
         t0 = time.perf_counter()
         self._begin(x, y)
         ids, targets = np.asarray(x), np.asarray(y).reshape(-1)
@@ -125,17 +129,27 @@ class DeviceTrainStep:
             with all_blas_threads() if self._wide else nullcontext():  # no dW job runs beside it
                 xl, caches = self._forward(ids, keep=True)
                 loss, dy, grads, (dlog, xf) = self._loss_head(xl, targets, float(loss_scale))
-            self._dw(jobs, "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight",
-                     dlog, xf)
+            head = "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight"
+            self._dw(jobs, head, dlog, xf)
+            if sink is not None and head == "lm_head.weight":  # tied: the embedding adds to it
+                sink.offer({head: jobs[head]})
             for i in reversed(range(self.n_layers)):
                 dy = self._layer_bwd(i, dy, caches[i], grads, jobs)
+                if sink is not None:
+                    p = f"model.layers.{i}."
+                    sink.offer({n: v for d in (grads, jobs) for n, v in d.items() if n.startswith(p)})
             t_wait = time.perf_counter()
             self._pool.help_until_done(list(jobs.values()))
             t_wait = time.perf_counter() - t_wait
             grads.update({n: j.result() for n, j in jobs.items()})
             self._t["dw"] = sum(j.seconds for j in jobs.values())
             self._embed_bwd(dy, ids, grads)
-        return loss, grads, self._stats(ids.size, time.perf_counter() - t0 - t_wait)
+            stats = {}
+            if sink is not None:
+                grads = sink.finish(grads)
+                stats = sink.stats
+                t_wait += stats["allreduce_wait_ms"] / 1e3
+        return loss, grads, {**self._stats(ids.size, time.perf_counter() - t0 - t_wait), **stats}
 
     def close(self) -> None:
         self._pool.close()
