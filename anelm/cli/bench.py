@@ -33,10 +33,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--png", default=None, metavar="FILE", help="sram: time against working set; kernels: roofline")
     p.add_argument("--preset", default=None, help="train/kernels/generate: model preset (default: tiny)")
     p.add_argument("--model", default=None, metavar="PATH", help="generate: an HF folder (its config.json)")
-    p.add_argument("--pipeline", choices=["dynamic", "static"], default="dynamic")
-    p.add_argument("--seq-len", type=positive_int, default=None, metavar="N")
-    p.add_argument("--batch-size", type=positive_int, default=None, metavar="N")
-    p.add_argument("--grad-accum", type=positive_int, default=None, metavar="N")
+    p.add_argument("--pipeline", choices=["dynamic", "static"], default="dynamic",
+                   help="train: weights as kernel inputs (dynamic) or baked and recompiled (static)")
+    p.add_argument("--seq-len", type=positive_int, default=None, metavar="N",
+                   help="train/kernels: tokens per sequence (default: the preset's)")
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
+                   help="train/kernels: sequences per micro-batch (default: the preset's)")
+    p.add_argument("--grad-accum", type=positive_int, default=None, metavar="N",
+                   help="train: micro-batches per optimizer step (default: 1)")
     p.add_argument("--repeat", type=positive_int, default=2, metavar="N", help="timed runs per measurement (best of)")
     p.add_argument("--no-measure", action="store_true", help="predict only; run nothing on the device")
 

@@ -65,7 +65,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 def start(args: argparse.Namespace, config: Any, weights: Any, max_context: int | None = None) -> Any:
     """The runner for --device / --profile, with the notices saying what was chosen;
     `max_context` caps the positions it serves (fewer, better-fitting program sizes)."""
-    from ..device.profile import load_profile
+    from ..chip.profile import load_profile
     from ..generate.runner import make_runner
 
     if args.profile:

@@ -1,17 +1,14 @@
 """`anelm generate` and `anelm chat` through `anelm.cli.main.main`, against HF greedy decoding."""
 
-import importlib.util
 import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
+import hf_tiny
+
 pytest.importorskip("transformers")
-_spec = importlib.util.spec_from_file_location("hf_tiny", Path(__file__).resolve().parents[1] / "models" / "hf_tiny.py")
-hf_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf_tiny)
 torch = hf_tiny.torch
 
 from anelm.cli.main import main  # noqa: E402

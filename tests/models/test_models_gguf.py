@@ -12,7 +12,8 @@ import json
 
 import numpy as np
 import pytest
-from hf_tiny import SHARED, hf_logits, rel_err, torch, transformers
+from hf_tiny import hf_logits, torch, transformers
+from helpers import SHARED, rel_err
 
 from anelm.cli.main import main
 from anelm.models.loading import build_model, load_model
