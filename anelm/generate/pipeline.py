@@ -49,14 +49,14 @@ from .device_plan import MAX_CONTEXT, DeviceCache, plan_sizes
 
 
 def build_runner(config: Any, weights: dict[str, np.ndarray], device: str | Device = "auto",
-                 max_context: int | None = None) -> "DeviceRunner":
+                 max_context: int | None = None, profile: Any = None) -> "DeviceRunner":
     """The device Runner for `config` and sanitized float32 `weights` (anelm.models.loading).
 
-    `device` is "auto" | "ane" | "emulator" (anelm.device.select, profile from ANELM_PROFILE)
-    or a Device. `max_context` caps the positions a cache holds (default: the model's context,
+    `device` is "auto" | "ane" | "emulator" (anelm.device.select, under `profile`: a
+    ChipProfile, or None for ANELM_PROFILE, else strict) or a Device. `max_context` caps the positions a cache holds (default: the model's context,
     at most MAX_CONTEXT, since every decode step reads its cache tier whole).
     """
-    dev = device if isinstance(device, Device) else get_device(device)
+    dev = device if isinstance(device, Device) else get_device(device, profile)
     return DeviceRunner(config, weights, dev, max_context)
 
 

@@ -82,7 +82,7 @@ def test_device_hook_uses_the_pipeline_when_present(model_dir, capsys, monkeypat
     d, _ = model_dir
     calls = []
 
-    def build_runner(config, weights, device, max_context=None):
+    def build_runner(config, weights, device, max_context=None, profile=None):
         calls.append(device)
         runner = build_model(config, weights)
         runner.device = "emulator"
