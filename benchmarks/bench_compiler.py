@@ -19,7 +19,8 @@ import numpy as np
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
 from anelm.ir.builder import GraphBuilder
-from anelm.kernels.blocks import decoder_layer, random_layer
+from anelm.kernels.blocks import decoder_layer
+from anelm.models.names import random_layer
 from anelm.models.config import LlamaConfig
 from anelm.runtime.kernel import Kernel
 from timing import best_of  # benchmarks/timing.py, beside this script

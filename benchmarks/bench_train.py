@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from anelm.device.emulator import Emulator
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.models.config import LlamaConfig
 from anelm.train import cpu_ops as ops
 from anelm.train.init import init_weights

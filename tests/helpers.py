@@ -7,10 +7,25 @@ tokenizer files. It is not part of a user's clone, so tests that read it skip wi
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+
+# CONTRACTS §6 defaults, against an independent float32/float64 reference
+ELEMENTWISE_TOL = 2e-3  # one elementwise op
+REDUCTION_TOL = 1e-2    # matmul, conv, reductions, softmax
+BLOCK_TOL = 2e-2        # a transformer block
+LOGITS_TOL = 3e-2       # logits of a whole tiny model
+GRAD_TOL = 5e-2         # gradients against PyTorch autograd in fp32 ...
+GRAD_COSINE = 0.999     # ... with at least this cosine similarity
+
+
+def rel_err(got, ref) -> float:
+    """CONTRACTS §6: max|got − ref| / max|ref|, in float64."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
 def shared_path(*parts: str) -> Path:

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..device.profile import STRICT
+from ..chip.profile import STRICT
 from ..ir.builder import GraphBuilder
 
 # maderix's programs run on the in-memory path, where concat compiles (maderix-ane-facts §2.3;

@@ -103,8 +103,8 @@ class StepKernel:
 
 
 def train_kernels(dims, pipeline: str) -> list[StepKernel]:
-    """The ten kernels of one layer (anelm/train/kernels.py) for `pipeline`, compiled."""
-    from ..train.kernels import FORWARD, KINDS, ROLES, WEIGHTED, build_graph, layouts
+    """The ten kernels of one layer (anelm/kernels/training.py) for `pipeline`, compiled."""
+    from ..kernels.training import FORWARD, KINDS, ROLES, WEIGHTED, build_graph, layouts
 
     out = []
     for kind in KINDS:
@@ -139,7 +139,7 @@ def maderix_kernels(dims, layers: int) -> list[StepKernel]:
 
 
 def _rows(dims, kind: str, role: str) -> int:
-    from ..train.kernels import layouts
+    from ..kernels.training import layouts
 
     for pk in layouts(dims)[kind].values():
         if any(r == role for r, _ in pk.weights):
@@ -151,9 +151,9 @@ def _rows(dims, kind: str, role: str) -> int:
 
 def decode_program(config, tier: int) -> KernelCost:
     """One layer's decode program over a cache tier (anelm/kernels/decode.py)."""
-    from ..kernels.blocks import random_layer
+    from ..models.names import random_layer
     from ..kernels.decode import decode_layer
-    from ..kernels.prefill import layer_params, layer_shape
+    from ..kernels.layers import layer_params, layer_shape
 
     def build():
         s = layer_shape(config)
@@ -163,7 +163,8 @@ def decode_program(config, tier: int) -> KernelCost:
 
 def prefill_program(config, bucket: int) -> KernelCost:
     """One layer's prefill program for a bucket (anelm/kernels/blocks.py decoder_layer)."""
-    from ..kernels.blocks import decoder_layer, random_layer
+    from ..kernels.blocks import decoder_layer
+    from ..models.names import random_layer
 
     return compiled(("prefill", _config_key(config), bucket),
                     lambda: decoder_layer(config, random_layer(config), bucket))[0]

@@ -52,7 +52,7 @@ class StepSpec:
 
     @property
     def dims(self):
-        from ..train.kernels import Dims
+        from ..kernels.training import Dims
 
         c = self.config
         hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]

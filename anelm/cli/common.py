@@ -34,7 +34,7 @@ def positive_float(text: str) -> float:
 
 def device_from_args(args):
     """The device and profile the user asked for; the choice is printed to stderr."""
-    from ..device.profile import load_profile
+    from ..chip.profile import load_profile
     from ..device.select import get_device
 
     profile = load_profile(args.profile)

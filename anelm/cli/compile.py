@@ -73,12 +73,13 @@ def graphs(args, cfg):
     if args.kind == "train":
         if args.arch == "gpt2":
             raise AnelmError("--kind train supports the Llama family (llama, qwen3), not gpt2")
-        from ..train.kernels import KINDS, Dims, build_graph
+        from ..kernels.training import KINDS, Dims, build_graph
 
         dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
                     cfg.num_key_value_heads, cfg.head_dim, args.seq)
         return [(kind, build_graph(kind, dims)) for kind in KINDS]
-    from ..kernels.blocks import decoder_layer, random_layer
+    from ..kernels.blocks import decoder_layer
+    from ..models.names import random_layer
 
     return [(f"layer{i:02d}", decoder_layer(cfg, random_layer(cfg, args.seed + i), args.seq, index=i))
             for i in range(args.layers)]
@@ -86,7 +87,7 @@ def graphs(args, cfg):
 
 def run(args) -> int:
     from ..compiler.pipeline import compile_graph
-    from ..device.profile import load_profile
+    from ..chip.profile import load_profile
 
     profile = load_profile(args.profile)
     cfg = layer_config(args)

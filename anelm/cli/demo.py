@@ -29,9 +29,10 @@ def cpu_reference(cfg, layer_w: dict, x: np.ndarray) -> np.ndarray:
     """The same layer through the numpy model path: x [S, D] -> [S, D]."""
     from ..models import llama
     from ..models.base import init_weights
+    from ..models.names import layer_prefix
 
     full = init_weights(llama.expected_shapes(cfg), seed=0)
-    full.update({f"model.layers.0.{k}": v for k, v in layer_w.items()})
+    full.update({layer_prefix("llama", 0) + k: v for k, v in layer_w.items()})
     model = llama.build(cfg, full)
     pos = np.arange(x.shape[0])
     return model.block(0, x, model.positions(pos), model.new_cache())
@@ -39,7 +40,8 @@ def cpu_reference(cfg, layer_w: dict, x: np.ndarray) -> np.ndarray:
 
 def run(args) -> int:
     from ..compiler.pipeline import compile_graph
-    from ..kernels.blocks import decoder_layer, random_layer
+    from ..kernels.blocks import decoder_layer
+    from ..models.names import random_layer
     from ..models.config import LlamaConfig
     from ..runtime.kernel import Kernel
 

@@ -18,8 +18,8 @@ import json
 import re
 import sys
 
+from ..chip.profile import ChipProfile, load_profile
 from ..device import machine
-from ..device.profile import ChipProfile, load_profile
 from ..errors import DeviceError, UsageError
 
 

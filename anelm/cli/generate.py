@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -65,13 +64,11 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 def start(args: argparse.Namespace, config: Any, weights: Any, max_context: int | None = None) -> Any:
     """The runner for --device / --profile, with the notices saying what was chosen;
     `max_context` caps the positions it serves (fewer, better-fitting program sizes)."""
-    from ..device.profile import load_profile
+    from ..chip.profile import load_profile
     from ..generate.runner import make_runner
 
-    if args.profile:
-        load_profile(args.profile)  # a bad path fails here, even when the CPU path ignores it
-        os.environ["ANELM_PROFILE"] = str(args.profile)  # CONTRACTS §2: the env var carries it
-    runner = make_runner(config, weights, args.device, max_context)
+    profile = load_profile(args.profile)  # a bad path fails here, even when the CPU path ignores it
+    runner = make_runner(config, weights, args.device, max_context, profile=profile)
     n = sum(int(w.size) for w in weights.values())
     notice(f"model: {config.model_type}, {n / 1e6:.2f}M parameters, context {config.max_position_embeddings}")
     if runner.device == "cpu":  # get_device announced the device itself otherwise

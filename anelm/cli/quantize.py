@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.profile:
         import os
 
-        from ..device.profile import load_profile
+        from ..chip.profile import load_profile
 
         load_profile(args.profile)  # a bad path fails before any work
         os.environ["ANELM_PROFILE"] = str(args.profile)

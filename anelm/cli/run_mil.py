@@ -40,7 +40,7 @@ def run(args) -> int:
 
     if not Path(args.dir).is_dir():
         raise AnelmError(f"kernel folder '{args.dir}' not found; expected a folder with model.mil and weights/")
-    from ..device.profile import load_profile
+    from ..chip.profile import load_profile
     from ..device.select import get_device
 
     profile = load_profile(args.profile)

@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         from ..train.settings import TrainSettings
 
         return dry_run({n: getattr(args, n) for n in TrainSettings.names()})
-    from ..device.profile import load_profile
+    from ..chip.profile import load_profile
+    from ..device.select import get_device
     from ..errors import UsageError
     from ..train.run import prepare
     from ..train.settings import TrainSettings

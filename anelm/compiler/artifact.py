@@ -22,7 +22,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..device.profile import STRICT, ChipProfile
+from ..chip.profile import STRICT, ChipProfile
 from ..errors import AnelmError, BlobError, CompileError
 from ..mil.blob import decode_blob
 from ..mil.parser import parse

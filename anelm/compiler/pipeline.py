@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..device.profile import STRICT, ChipProfile
+from ..chip.profile import STRICT, ChipProfile
 from ..ir.graph import Graph
 from .registry import run_pass
 from .verify import verify
@@ -83,12 +83,12 @@ def run_pipeline(graph: Graph, profile: ChipProfile = STRICT, passes=None) -> Gr
 
 def compile_graph(graph: Graph, profile: ChipProfile = STRICT, name: str | None = None):
     """Run the pipeline, emit MIL and weights, and package them with signature and meta."""
-    from ..mil.codegen import emit
+    from .codegen import emit
     from ..mil.text import print_program
     from .artifact import Artifact, signature_from_function
 
     g = run_pipeline(graph, profile)
-    program, weights = emit(g, profile)
+    program, weights = emit(g)
     meta = {
         "name": name or graph.name,
         "profile": profile.name,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..device.profile import STRICT, ChipProfile
+from ..chip.profile import STRICT, ChipProfile
 from ..ir.graph import Graph
 
 PassFn = Callable[..., "Graph | None"]

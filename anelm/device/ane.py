@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..chip.profile import STRICT, ChipProfile
 from ..errors import DeviceError
 from . import ane_framework
 from .ane_framework import CLASSES, FRAMEWORK, FRAMEWORK_DIR, PRIVATE_CALLS, IOSurfaceBacked  # noqa: F401
 from .base import Device, Surface, charge_compile
 from .overflow import output_overflow
-from .profile import STRICT, ChipProfile
 
 LOAD_RETRY_DELAY_S = 0.1  # maderix's bridge retries a failed load once after 100 ms
 MODEL_PATH = "@model_path/"  # weight keys name files relative to the compile folder

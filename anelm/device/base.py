@@ -20,8 +20,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from ..chip.profile import ChipProfile
 from ..errors import CompileBudgetExceeded
-from .profile import ChipProfile
 
 _count_lock = threading.Lock()
 _compile_count = 0  # per process, across every device instance, as the hardware leak is

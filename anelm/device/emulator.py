@@ -23,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BlobError, DeviceError, ShapeError
+from ..chip.profile import STRICT, ChipProfile
+from ..errors import BlobError, DeviceError
 from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
 from .emulator_plan import Plan, Resolver, build_plan
 from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
-from .profile import STRICT, ChipProfile
 
 BAD_REQUEST = 0x1d  # the status the hardware returns for a request it refuses
 MODEL_PATH = "@model_path/"
@@ -214,25 +214,3 @@ def _folder_resolver(folder: Path) -> Resolver:
         return target.read_bytes()
     return read
 
-
-def run_function(func: Function, weights_resolver: Resolver | dict[str, bytes],
-                 inputs: dict[str, np.ndarray], profile: ChipProfile = STRICT) -> dict[str, np.ndarray]:
-    """Execute one MIL function as the emulator would, without devices or surfaces.
-
-    Inputs are cast to their declared dtype (fp32 -> fp16 rounds); missing or extra names and
-    wrong shapes are a ShapeError. Outputs come back in their declared dtype, keyed by name.
-    No compile rejects are checked here: this is the numeric semantics only.
-    """
-    types = func.input_types()
-    extra, missing = sorted(set(inputs) - set(types)), sorted(set(types) - set(inputs))
-    if extra or missing:
-        raise ShapeError(f"inputs: expected names {sorted(types)}, got missing {missing}, extra {extra}")
-    arrays = {}
-    for name, t in types.items():
-        a = np.asarray(inputs[name])
-        if a.shape != tuple(t.shape or ()):
-            raise ShapeError(f"input '{name}': expected shape {list(t.shape or ())}, got {list(a.shape)}")
-        arrays[name] = a.astype(storage_dtype(t.dtype))
-    out = build_plan(func, weights_resolver, profile).run(arrays)
-    rtypes = func.result_types()
-    return {n: np.asarray(v).astype(storage_dtype(rtypes[n].dtype)) for n, v in out.items()}

@@ -40,8 +40,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..chip.profile import ChipProfile
 from ..ir.ops_linear import conv, conv_taps, matmul, sdpa
-from .profile import ChipProfile
 
 ACCUMULATED_OPS = ("conv", "matmul", "scaled_dot_product_attention")
 ACCUMULATORS = ("fp32", "q15.16")

@@ -9,11 +9,11 @@ reduce_mean/rsqrt rejects, single-chunk blob files, and the spatial-width multip
 
 from __future__ import annotations
 
+from ..chip.profile import ChipProfile
 from ..errors import CompileError
 from ..ir.ops import OP_TABLE
 from ..mil.program import BlobRef, Function, Literal, Statement, Var
 from .emulator_plan import node_name
-from .profile import ChipProfile
 
 
 def check_function(func: Function, profile: ChipProfile, weights: dict[str, bytes]) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..chip.profile import ChipProfile
 from ..errors import BlobError, CompileError, ShapeError
 from ..ir.ops import OP_TABLE, full_params, raw_compute
 from ..ir.ops_common import dims
@@ -23,7 +24,6 @@ from .emulator_accum import accumulated
 from .emulator_int8 import Int8State, drop_bypassed, note, rewrite
 from .fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted
 from .overflow import Overflow
-from .profile import ChipProfile
 
 Resolver = Callable[[str], bytes]
 FLOAT_DTYPES = ("fp16", "fp32")

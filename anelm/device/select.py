@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import sys
 
+from ..chip.profile import ChipProfile, load_profile
 from ..errors import DeviceError, UsageError
 from .base import Device
-from .profile import ChipProfile, load_profile
 
 DEVICE_NAMES = ("auto", "ane", "emulator")
 

@@ -52,7 +52,7 @@ def verdict(timeout: float = SELF_TEST_TIMEOUT_S) -> tuple[bool, str]:
 def run_in_child(timeout: float = SELF_TEST_TIMEOUT_S) -> tuple[bool, str]:
     """Run `AneDevice.self_test()` in a child process; never raises, never crashes this one."""
     from ..doctor.isolate import run_isolated  # noqa: PLC0415 - the doctor's one child runner
-    from .profile import STRICT  # noqa: PLC0415
+    from ..chip.profile import STRICT  # noqa: PLC0415
 
     try:
         res = run_isolated("ane", STRICT, [], self_test=True, uncapped=True, timeout=timeout)

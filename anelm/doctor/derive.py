@@ -9,7 +9,7 @@ the compiler must avoid the form either way.
 
 from __future__ import annotations
 
-from ..device.profile import STRICT, ChipProfile
+from ..chip.profile import STRICT, ChipProfile
 from .harness import Observation
 from .probes_accum import CANCEL, CANCEL_PEAK, LIMIT_PROBES, RUNGS, TINY
 from .probes_io import LADDER, WIDTHS

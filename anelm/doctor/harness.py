@@ -22,9 +22,9 @@ from typing import Callable
 
 import numpy as np
 
+from ..chip.profile import ChipProfile
 from ..errors import AnelmError
 from ..mil.program import NUMPY_DTYPES
-from ..device.profile import ChipProfile
 
 MIN_BYTES = 49152  # strict §2.4: every probe not about sizes stays at or above it
 PAD_BYTE = 0x5A  # padding and untouched outputs read as fp16 203.25: never a plausible result

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..device.profile import ChipProfile
+from ..chip.profile import ChipProfile
 from .harness import Observation, run_probe
 from .suite import BUDGET_LIMIT, select
 

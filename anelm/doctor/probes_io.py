@@ -11,7 +11,7 @@ from itertools import permutations
 
 import numpy as np
 
-from ..device.profile import ChipProfile
+from ..chip.profile import ChipProfile
 from .harness import ELEMENTWISE, Harness, Observation, Probe, compare, data, f64, rel_err
 from .milgen import const, op, program
 from .probes_ops import CH, CH_CONST, X, expect_ops

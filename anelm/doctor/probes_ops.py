@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..device.profile import ChipProfile
+from ..chip.profile import ChipProfile
 from .harness import ELEMENTWISE, REDUCTION, Harness, Observation, Probe, blob, compare, data, f64
 from .milgen import blob_const, const, literal, op, program, ttype
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..device.profile import ChipProfile
+from ..chip.profile import ChipProfile
 from .harness import ELEMENTWISE, Harness, Observation, Probe, f64, rel_err, run_probe
 from .milgen import const, op, program
 from .probes_accum import accumulator_probes

@@ -39,22 +39,24 @@ from ..compiler.pipeline import compile_graph
 from ..device.base import Device
 from ..device.select import get_device
 from ..kernels.decode import decode_layer, decode_mask
-from ..kernels.prefill import layer_params, layer_shape, prefill_layer, rope_full_tables, stream_scale_for
+from ..kernels.layers import layer_params, layer_shape, rope_full_tables, stream_scale_for
+from ..kernels.prefill import prefill_layer
 from ..models.layers import rope_inv_freq, rope_tables
 from ..models.loading import build_model
+from ..models.names import layer_weights
 from ..runtime.kernel import Kernel
 from .device_plan import MAX_CONTEXT, DeviceCache, plan_sizes
 
 
 def build_runner(config: Any, weights: dict[str, np.ndarray], device: str | Device = "auto",
-                 max_context: int | None = None) -> "DeviceRunner":
+                 max_context: int | None = None, profile: Any = None) -> "DeviceRunner":
     """The device Runner for `config` and sanitized float32 `weights` (anelm.models.loading).
 
-    `device` is "auto" | "ane" | "emulator" (anelm.device.select, profile from ANELM_PROFILE)
-    or a Device. `max_context` caps the positions a cache holds (default: the model's context,
+    `device` is "auto" | "ane" | "emulator" (anelm.device.select, under `profile`: a
+    ChipProfile, or None for ANELM_PROFILE, else strict) or a Device. `max_context` caps the positions a cache holds (default: the model's context,
     at most MAX_CONTEXT, since every decode step reads its cache tier whole).
     """
-    dev = device if isinstance(device, Device) else get_device(device)
+    dev = device if isinstance(device, Device) else get_device(device, profile)
     return DeviceRunner(config, weights, dev, max_context)
 
 
@@ -63,12 +65,6 @@ def calibration_ids(config: Any, n: int = 16) -> list[int]:
     models put their largest activations (attention sinks), then ids spread over the vocabulary."""
     first = config.bos_token_id if isinstance(config.bos_token_id, int) else 0
     return [first] + [int(i) for i in np.linspace(0, config.vocab_size - 1, n - 1)]
-
-
-def layer_weights(config: Any, weights: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
-    """Layer i's weights keyed by the HF names inside the layer (`self_attn.q_proj.weight`...)."""
-    prefix = f"transformer.h.{i}." if config.model_type == "gpt2" else f"model.layers.{i}."
-    return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
 class DeviceRunner:

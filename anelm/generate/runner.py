@@ -42,10 +42,11 @@ class Runner(Protocol):
 
 
 def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto",
-                max_context: int | None = None) -> Runner:
+                max_context: int | None = None, profile: Any = None) -> Runner:
     """The device pipeline's runner (`anelm.generate.pipeline.build_runner`) when that module
     exists, else the CPU numpy reference; `runner.device` says which one was built.
-    `max_context` caps the device pipeline's cache and program sizes."""
+    `max_context` caps the device pipeline's cache and program sizes; `profile` is the chip
+    profile of the device (a ChipProfile; None: ANELM_PROFILE, else strict)."""
     name = f"{__package__}.pipeline"
     try:
         pipeline = importlib.import_module(name)
@@ -55,4 +56,4 @@ def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto
         from ..models.loading import build_model
 
         return build_model(config, weights)
-    return pipeline.build_runner(config, weights, device, max_context)
+    return pipeline.build_runner(config, weights, device, max_context, profile=profile)

@@ -1,0 +1,11 @@
+"""Every device graph, inference and training alike.
+
+- `layers.py`: the layer library of the inference kernels (shape, folded weights, norm,
+  projections, RoPE, attention, MLP, residual); `norms.py` the scaled norms; `attention.py`
+  the causal mask and head layout that inference and training share.
+- `prefill.py`, `decode.py`: the generation kernels; `blocks.py` whole layers for `anelm compile`.
+- `training.py`, `training_attn.py`: the ten forward and dx kernels of a training step.
+
+The host side (running them, caches, sampling; data, loop, optimizer) is in `generate/` and
+`train/`. HF weight names come from `anelm.models.names`.
+"""

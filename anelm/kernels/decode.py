@@ -31,7 +31,7 @@ import numpy as np
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Graph, Value
 from .attention import MASK_VALUE
-from .prefill import LayerShape, layer_back, layer_front
+from .layers import LayerShape, layer_back, layer_front
 
 
 def cached_attention(b: GraphBuilder, s: LayerShape, qh: Value, kh: Value, vh: Value,

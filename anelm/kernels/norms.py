@@ -17,7 +17,7 @@ r²·eps would pass through r² = 65536, one step past fp16's largest finite val
 
 Measured on SmolLM2-135M against HF float32 (tests/models, real weights): with the plain
 norm 27 % of teacher-forced argmax choices agreed; with this one and the stream scale of
-`prefill.stream_scale_for`, the real-model aims of CONTRACTS §6 hold.
+`layers.stream_scale_for`, the real-model aims of CONTRACTS §6 hold.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def scaled_rms(b: GraphBuilder, x: Value, axis: int, eps: float, name: str) -> V
 
 def channel_norm(b: GraphBuilder, x: Value, eps: float, center: bool, name: str) -> Value:
     """RMSNorm, or LayerNorm when `center`, over the channels of `[1, C, 1, S]`, without the
-    affine (folded into the next linear by `prefill.layer_params`)."""
+    affine (folded into the next linear by `layers.layer_params`)."""
     if center:  # the mean is at most max|x|, so the conv cannot reach the accumulator limit first
         x = b.sub(x, mean_channels(b, x, f"{name}_mean"), name=f"{name}_cent")
     return scaled_rms(b, x, 1, eps, name)

@@ -95,7 +95,7 @@ class CausalLM:
 
     def stream_peak(self, ids: Sequence[int]) -> float:
         """The largest magnitude that the residual stream, or one layer's update to it, takes
-        over `ids`: what the device's fp16 stream must hold (`kernels.prefill.stream_scale_for`)."""
+        over `ids`: what the device's fp16 stream must hold (`kernels.layers.stream_scale_for`)."""
         ids = self._check_ids(ids, self.new_cache())
         cache, pos = self.new_cache(), np.arange(len(ids))
         ctx, x = self.positions(pos), self.embed(ids, pos)

@@ -34,7 +34,7 @@ def layer_prefix(i: int) -> str:
 
 def unfolded_params(shape, layer: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
     """(`layer_params` with unit norm gains, {kernel linear: the gain its input needs})."""
-    from ..kernels.prefill import layer_params  # noqa: PLC0415 - kernels import quant.core
+    from ..kernels.layers import layer_params  # noqa: PLC0415 - kernels import quant.core
 
     unit = dict(layer)
     gains = {}

@@ -155,12 +155,6 @@ def load_checkpoint(path: str | Path, config: dict | None = None,
     return ck
 
 
-def read_weights(path: str | Path) -> dict[str, np.ndarray]:
-    """Only the model weights of a checkpoint (for export and generate)."""
-    _, tensors = _read_safetensors(Path(path), weights_only=True)
-    return tensors
-
-
 def _read_safetensors(path: Path, weights_only: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
     from safetensors import safe_open
 

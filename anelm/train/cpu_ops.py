@@ -202,9 +202,6 @@ def gqa_reduce(dkv_full: np.ndarray, n_kv_heads: int, head_dim: int) -> np.ndarr
     return g4.sum(axis=1).reshape(n_kv_heads * head_dim, s)
 
 
-def gqa_reduce_flops(n_heads: int, n_kv_heads: int, head_dim: int, s: int) -> int:
-    return (n_heads - n_kv_heads) * head_dim * s
-
 
 # ------------------------------------------------------------------------- embedding
 
@@ -320,9 +317,10 @@ def cpu_step_flops(cfg: dict, n_tokens: int, rope_on_cpu: bool = True) -> int:
     """CPU arithmetic of one training step over `n_tokens` positions, for `cpu_flops`.
 
     Counts what the split in the issue leaves on the CPU: embedding backward, both RMSNorms
-    and the final one (forward and backward), residual adds, SwiGLU backward, GQA reduction,
-    RoPE inverse on dq/dk (unless the kernels do it), the classifier forward and backward, the
-    loss, and every dW. AdamW is `optim.adamw_flops`, counted once per optimizer step.
+    and the final one (forward and backward), residual adds, SwiGLU backward, RoPE inverse on
+    dq/dk (unless the kernels do it), the classifier forward and backward, the loss, and every
+    dW. The dK/dV sums over each KV head's query group are not here: `sdpa_bwd` does them on
+    the device. AdamW is `optim.adamw_flops`, counted once per optimizer step.
     """
     d, inter, n = cfg["hidden_size"], cfg["intermediate_size"], n_tokens
     hq = cfg["num_attention_heads"]
@@ -332,7 +330,6 @@ def cpu_step_flops(cfg: dict, n_tokens: int, rope_on_cpu: bool = True) -> int:
     per_layer = (2 * (rmsnorm_flops(d, n) + rmsnorm_flops(d, n, backward=True))
                  + 4 * d * n                                     # residual adds, fwd and bwd
                  + swiglu_flops(inter, n, backward=True)
-                 + 2 * gqa_reduce_flops(hq, hkv, hd, n)          # dK and dV
                  + (rope_flops(q_dim + kv_dim, n) if rope_on_cpu else 0)
                  + matmul_flops(d, n, 2 * q_dim + 2 * kv_dim)    # dWq, dWk, dWv, dWo
                  + matmul_flops(d, n, 3 * inter))                # dW gate, up, down

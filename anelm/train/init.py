@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..models.names import layer_modules
 from .errors import TrainError
 
-RESIDUAL_PROJECTIONS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+RESIDUAL_PROJECTIONS = tuple(f"{layer_modules('llama')[r]}.weight" for r in ("o", "down"))
 TRAINABLE_TYPES = ("llama", "qwen3")  # what the device training step implements
 
 

@@ -21,8 +21,9 @@ import numpy as np
 from ..compiler.pipeline import compile_graph
 from ..device.fp16 import round_fp16
 from ..errors import CompileError
+from ..kernels.training import BACKWARD, WEIGHTED, WEIGHTLESS, Dims, build_graph, graph_flops, layer_mats, layouts
+from ..models.names import layer_prefix
 from ..runtime.kernel import Kernel, Request
-from .kernels import BACKWARD, WEIGHTED, WEIGHTLESS, Dims, build_graph, graph_flops, layer_mats, layouts
 
 
 # The backward kernels: their overflow is what dynamic loss scaling expects (the scaler skips
@@ -100,7 +101,7 @@ class DynamicBank(KernelBank):
         # restaging runs one layer per core (the device is idle meanwhile). A layer's matrices
         # are rounded to fp16 once for both the forward (Wᵀ) and the dx (W) kernels.
         def stage(layer):
-            p = f"model.layers.{layer}."
+            p = layer_prefix("llama", layer)
             rounded = {k: round_fp16(w) for k, w in weights.items() if k.startswith(p) and w.ndim == 2}
             for kind in WEIGHTED:
                 self._stage(self._req[(kind, layer)], kind, layer_mats(kind, rounded, layer), exact=True)

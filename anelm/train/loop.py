@@ -66,12 +66,11 @@ class Trainer:
 
     def __init__(self, setup: RunSetup, device, *, step_factory: StepFactory = device_step_factory,
                  budget: int | None = None, restart: Callable[[], None] | None = None,
-                 progress: bool | None = None, notice: Callable[[str], None] | None = None,
-                 sync=None):
+                 progress: bool | None = None, sync=None):
         self.s, self.a, self.device = setup, setup.args, device
         self.sync = sync = sync or SOLO
         self.params, self.budget, self.restart = setup.params, budget, restart
-        self._notice = notice or (lambda m: print(f"anelm: {m}", file=sys.stderr, flush=True))
+        self._notice = lambda m: print(f"anelm: {m}", file=sys.stderr, flush=True)
         a = self.a
         self.opt = AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay)
         self.scaler = make_scaler(a.loss_scale)

@@ -1,6 +1,6 @@
 """The static pipeline: weights baked into each layer's kernels as BLOBFILE consts.
 
-The same eight weighted computations as the dynamic pipeline (`kernels.py`), but the weight
+The same eight weighted computations as the dynamic pipeline (`anelm/kernels/training.py`), but the weight
 blocks are 1×1 conv consts, so there is one compiled program per (kernel, layer) and a weight
 update has to reach the device again:
 - `strict` reads weights when a program is compiled (`reload_reads_new_weights = false`,
@@ -24,9 +24,9 @@ import numpy as np
 
 from ..compiler.pipeline import compile_graph
 from ..errors import BlobError
+from ..kernels.training import WEIGHTED, Dims, build_graph, layer_mats
 from ..runtime.cache import ProgramCache
 from ..runtime.kernel import Kernel
-from .kernels import WEIGHTED, Dims, build_graph, layer_mats
 from .kernels_bank import KernelBank
 
 

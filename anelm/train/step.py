@@ -5,10 +5,10 @@
     ...optimizer updates the weights...
     step.set_weights(weights)                                          # restage / recompile
 
-Per layer the device runs the ten kernels of `kernels.py` once per sequence (kernels are built
-for S tokens; B sequences are B evaluations). Everything between them is `cpu_ops` on
-channel-first float32 `[C, B·S]` arrays, the sequences side by side, so each CPU op and
-each dW is one call over the whole batch: RMSNorm fwd/bwd, residuals, Qwen3's q/k head norm,
+Per layer the device runs the ten kernels of `anelm/kernels/training.py` once per sequence
+(kernels are built for S tokens; B sequences are B evaluations). Everything between them is
+`cpu_ops` on channel-first float32 `[C, B·S]` arrays, the sequences side by side, so each CPU
+op and each dW is one call over the whole batch: RMSNorm fwd/bwd, residuals, Qwen3's q/k head norm,
 RoPE and its inverse (kept on the CPU, as the issue allows: the device then needs no cos/sin
 tables and one attention kernel serves every position layout), SwiGLU backward, the final
 norm, classifier, loss, embedding, and every dW.
@@ -30,16 +30,18 @@ the device holds its own fp16 copies, which change only in `set_weights`.
 
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import nullcontext
 
 import numpy as np
 
 from ..errors import ShapeError, UsageError
+from ..kernels.training import Dims
 from ..models.config import LlamaConfig
+from ..models.names import weight_name
 from ..runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
 from . import cpu_ops as ops
-from .kernels import Dims
 from .kernels_bank import DynamicBank
 from .pipeline_static import StaticBank
 from .presets import hf_weight_shapes
@@ -215,8 +217,11 @@ class DeviceTrainStep:
         """Queue dW = dy·xᵀ for weight `name` on the worker thread."""
         jobs[name] = self._pool.submit(lambda: ops.dw(dy, x))
 
-    def _w(self, layer: int, name: str) -> np.ndarray:
-        return self.w[f"model.layers.{layer}.{name}.weight"]
+    def _name(self, layer: int, role: str) -> str:
+        return weight_name(self.cfg.model_type, layer, role)
+
+    def _w(self, layer: int, role: str) -> np.ndarray:
+        return self.w[self._name(layer, role)]
 
     # ------------------------------------------------------------------ forward
     def _forward(self, ids: np.ndarray, keep: bool) -> tuple[np.ndarray, list[dict]]:
@@ -231,19 +236,19 @@ class DeviceTrainStep:
     def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
         eps, clamp = self.cfg.rms_norm_eps, ops.clamp_fp16
         c = {"x": x}
-        xn, c["r1"] = ops.rmsnorm_fwd(x, self._w(i, "input_layernorm"), eps)
+        xn, c["r1"] = ops.rmsnorm_fwd(x, self._w(i, "attn_norm"), eps)
         c["xn"] = clamp(xn)
         qkv = self._dev("qkv", i, xn=c["xn"])
         q, k, c["v"] = qkv["q"], qkv["k"], qkv["v"]
         if self.qk_norm:
             c["q0"], c["k0"] = q, k
-            q, c["rq"] = ops.head_rmsnorm_fwd(q, self._w(i, "self_attn.q_norm"), eps)
-            k, c["rk"] = ops.head_rmsnorm_fwd(k, self._w(i, "self_attn.k_norm"), eps)
+            q, c["rq"] = ops.head_rmsnorm_fwd(q, self._w(i, "q_norm"), eps)
+            k, c["rk"] = ops.head_rmsnorm_fwd(k, self._w(i, "k_norm"), eps)
         c["qr"] = clamp(ops.rope_fwd(q, self._cos, self._sin))
         c["kr"] = clamp(ops.rope_fwd(k, self._cos, self._sin))
         c["attn"] = self._dev("sdpa_fwd", i, qr=c["qr"], kr=c["kr"], v=c["v"])["attn"]
         c["x2"] = x + self._dev("wo", i, attn=c["attn"])["o"]
-        x2n, c["r2"] = ops.rmsnorm_fwd(c["x2"], self._w(i, "post_attention_layernorm"), eps)
+        x2n, c["r2"] = ops.rmsnorm_fwd(c["x2"], self._w(i, "mlp_norm"), eps)
         c["x2n"] = clamp(x2n)
         c.update(self._dev("ffn_up", i, x2n=c["x2n"]))          # gate, h1, h3
         return c["x2"] + self._dev("ffn_down", i, gate=c["gate"])["f"], c
@@ -268,28 +273,28 @@ class DeviceTrainStep:
 
     # ------------------------------------------------------------------ backward
     def _layer_bwd(self, i: int, dy: np.ndarray, c: dict, grads: dict, jobs: dict) -> np.ndarray:
-        p = f"model.layers.{i}."
+        name = functools.partial(self._name, i)
         dgate = self._dev("ffn_down_dx", i, dy=dy)["dgate"]
         dh1, dh3 = ops.swiglu_bwd(dgate, c["h1"], c["h3"])
-        self._dw(jobs, p + "mlp.down_proj.weight", dy, c["gate"])
-        self._dw(jobs, p + "mlp.gate_proj.weight", dh1, c["x2n"])
-        self._dw(jobs, p + "mlp.up_proj.weight", dh3, c["x2n"])
+        self._dw(jobs, name("down"), dy, c["gate"])
+        self._dw(jobs, name("gate"), dh1, c["x2n"])
+        self._dw(jobs, name("up"), dh3, c["x2n"])
         dx2n = self._dev("ffn_up_dx", i, dh1=dh1, dh3=dh3)["dx"]
-        dx2, grads[p + "post_attention_layernorm.weight"] = ops.rmsnorm_bwd(
-            dx2n, c["x2"], self._w(i, "post_attention_layernorm"), c["r2"])
+        dx2, grads[name("mlp_norm")] = ops.rmsnorm_bwd(
+            dx2n, c["x2"], self._w(i, "mlp_norm"), c["r2"])
         dx2 = dx2 + dy
-        self._dw(jobs, p + "self_attn.o_proj.weight", dx2, c["attn"])
+        self._dw(jobs, name("o"), dx2, c["attn"])
         dattn = self._dev("wo_dx", i, dx2=dx2)["dattn"]
         g = self._dev("sdpa_bwd", i, qr=c["qr"], kr=c["kr"], v=c["v"], dattn=dattn)
         dq, dk = ops.rope_bwd(g["dq"], self._cos, self._sin), ops.rope_bwd(g["dk"], self._cos, self._sin)
         if self.qk_norm:
-            dq, grads[p + "self_attn.q_norm.weight"] = ops.head_rmsnorm_bwd(
-                dq, c["q0"], self._w(i, "self_attn.q_norm"), c["rq"])
-            dk, grads[p + "self_attn.k_norm.weight"] = ops.head_rmsnorm_bwd(
-                dk, c["k0"], self._w(i, "self_attn.k_norm"), c["rk"])
+            dq, grads[name("q_norm")] = ops.head_rmsnorm_bwd(
+                dq, c["q0"], self._w(i, "q_norm"), c["rq"])
+            dk, grads[name("k_norm")] = ops.head_rmsnorm_bwd(
+                dk, c["k0"], self._w(i, "k_norm"), c["rk"])
         for n, d in (("q", dq), ("k", dk), ("v", g["dv"])):
-            self._dw(jobs, p + f"self_attn.{n}_proj.weight", d, c["xn"])
+            self._dw(jobs, name(n), d, c["xn"])
         dxn = self._dev("qkv_dx", i, dq=dq, dk=dk, dv=g["dv"])["dx"]
-        dx, grads[p + "input_layernorm.weight"] = ops.rmsnorm_bwd(
-            dxn, c["x"], self._w(i, "input_layernorm"), c["r1"])
+        dx, grads[name("attn_norm")] = ops.rmsnorm_bwd(
+            dxn, c["x"], self._w(i, "attn_norm"), c["r1"])
         return dx + dx2

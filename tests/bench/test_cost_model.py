@@ -60,7 +60,7 @@ def test_operands_past_the_working_set_run_at_the_slower_rate():
 
 
 def test_device_flops_metric_is_the_annotation_total():
-    from anelm.train.kernels import Dims, build_graph, graph_flops
+    from anelm.kernels.training import Dims, build_graph, graph_flops
 
     m = Dims(64, 128, 4, 2, 16, 32)
     g = build_graph("qkv", m)

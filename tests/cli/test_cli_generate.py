@@ -1,17 +1,14 @@
 """`anelm generate` and `anelm chat` through `anelm.cli.main.main`, against HF greedy decoding."""
 
-import importlib.util
 import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
+import hf_tiny
+
 pytest.importorskip("transformers")
-_spec = importlib.util.spec_from_file_location("hf_tiny", Path(__file__).resolve().parents[1] / "models" / "hf_tiny.py")
-hf_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf_tiny)
 torch = hf_tiny.torch
 
 from anelm.cli.main import main  # noqa: E402
@@ -85,7 +82,7 @@ def test_device_hook_uses_the_pipeline_when_present(model_dir, capsys, monkeypat
     d, _ = model_dir
     calls = []
 
-    def build_runner(config, weights, device, max_context=None):
+    def build_runner(config, weights, device, max_context=None, profile=None):
         calls.append(device)
         runner = build_model(config, weights)
         runner.device = "emulator"

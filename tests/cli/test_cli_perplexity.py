@@ -1,18 +1,15 @@
 """`anelm perplexity` (CONTRACTS §7) on a tiny model with a word-level tokenizer, against HF
 transformers in float32 scoring the same windows."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+import hf_tiny
+
 pytest.importorskip("transformers")
-_spec = importlib.util.spec_from_file_location("hf_tiny", Path(__file__).resolve().parents[1] / "models" / "hf_tiny.py")
-hf_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf_tiny)
 
 from anelm.cli.main import main  # noqa: E402
 from anelm.generate.perplexity import token_nll, windows  # noqa: E402

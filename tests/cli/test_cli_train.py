@@ -107,7 +107,7 @@ def test_impossible_flag_values_are_usage_errors(tmp_path, corpus, capsys, flags
 
 def test_an_unavailable_device_leaves_no_run(tmp_path, corpus, capsys):
     from anelm.device.select import _try_ane
-    from anelm.device.profile import STRICT
+    from anelm.chip.profile import STRICT
 
     if _try_ane(STRICT)[0] is not None:
         pytest.skip("a real ANE is available here")

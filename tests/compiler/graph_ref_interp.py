@@ -147,8 +147,3 @@ def evaluate(graph, inputs) -> dict[str, np.ndarray]:
         env[id(n.out)] = np.asarray(OPS[n.op](args, n.params), dtype=np.float64)
     return {k: env[id(v)] for k, v in graph.outputs.items()}
 
-
-def rel_err(got, ref) -> float:
-    """CONTRACTS §6 measure: max|got - ref| / max|ref|."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    return float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-30))

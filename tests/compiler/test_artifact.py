@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from anelm.compiler.artifact import Artifact, IOSpec, Signature, signature_from_function
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.errors import AnelmError, BlobError, CompileError, MILSyntaxError
 from anelm.mil.blob import encode_tensor
 from anelm.mil.parser import parse

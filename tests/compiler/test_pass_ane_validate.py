@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from anelm.compiler.registry import run_pass
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.errors import CompileError
 from anelm.ir.builder import GraphBuilder
 

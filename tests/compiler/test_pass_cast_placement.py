@@ -3,7 +3,7 @@
 import pytest
 
 from anelm.compiler.registry import run_pass
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.errors import CompileError
 from anelm.ir.builder import GraphBuilder
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from anelm.compiler.registry import run_pass
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.errors import CompileError
 from anelm.ir.builder import GraphBuilder
-from graph_ref_interp import evaluate, rel_err
+from graph_ref_interp import evaluate
+from helpers import rel_err
 
 RNG = np.random.default_rng(5)
 X = RNG.standard_normal((1, 8, 1, 16))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from anelm.compiler.registry import run_pass
-from anelm.device.profile import SRAM_BYTES
+from anelm.chip.profile import SRAM_BYTES
 from anelm.ir.builder import GraphBuilder
 
 

@@ -1,7 +1,7 @@
 """uniform_surfaces: one allocation size per direction, at least the minimum surface."""
 
 from anelm.compiler.registry import run_pass
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.ir.builder import GraphBuilder
 
 

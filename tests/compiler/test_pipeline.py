@@ -10,13 +10,14 @@ import pytest
 
 from anelm.compiler import registry
 from anelm.compiler.pipeline import PIPELINE, compile_graph, run_pipeline
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.errors import CompileError
 from anelm.ir.builder import GraphBuilder
 from anelm.mil.blob import decode_blob
 from anelm.mil.parser import parse
 from anelm.mil.text import print_program
-from graph_ref_interp import evaluate, rel_err
+from graph_ref_interp import evaluate
+from helpers import rel_err
 
 RNG = np.random.default_rng(8)
 NOBUDGET = STRICT.replace(compile_budget=10**9)

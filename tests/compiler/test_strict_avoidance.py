@@ -13,7 +13,7 @@ import pytest
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.base import compile_count
 from anelm.device.emulator import Emulator
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.errors import CompileError
 from anelm.ir.builder import GraphBuilder
 from anelm.mil.parser import parse

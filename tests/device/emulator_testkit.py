@@ -9,7 +9,7 @@ import numpy as np
 
 from anelm.device.base import Surface
 from anelm.device.emulator import Emulator, read_packed
-from anelm.device.profile import STRICT, ChipProfile
+from anelm.chip.profile import STRICT, ChipProfile
 from anelm.doctor.milgen import program as mil  # noqa: F401 - MIL text written by hand, as the probes do
 from anelm.doctor.milgen import ttype  # noqa: F401
 from anelm.mil.program import storage_dtype
@@ -66,8 +66,3 @@ def run(text: str, inputs: dict[str, np.ndarray], weights: dict[str, bytes] | No
 def _surface(profile: ChipProfile, types) -> Surface:
     return Surface(max([profile.min_surface_bytes] + [t.nbytes for t in types]))
 
-
-def rel_err(got, ref) -> float:
-    """CONTRACTS §6: max|got - ref| / max|ref|, in float64."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from anelm.device import ane, objc
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.errors import DeviceError
 
 ON_APPLE_SILICON = platform.system() == "Darwin" and platform.machine() == "arm64"

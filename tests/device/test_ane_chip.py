@@ -16,7 +16,7 @@ import pytest
 from anelm.device import ane, selftest
 from anelm.device.base import compile_count
 from anelm.device.objc import ID
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 
 pytestmark = pytest.mark.ane
 W = "@model_path/weights/w.bin"

@@ -14,7 +14,7 @@ import pytest
 
 from anelm.device import ane, ane_framework, objc
 from anelm.device.base import Surface, compile_count, reset_compile_count
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.errors import CompileBudgetExceeded, DeviceError
 
 from ane_fake import Aned, FakeFramework

@@ -13,10 +13,10 @@ import pytest
 from anelm.compiler.artifact import Artifact
 from anelm.device.base import Surface
 from anelm.device.emulator import Emulator, read_packed
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.runtime.cache import ProgramCache
 from anelm.runtime.kernel import Kernel
-from helpers import shared_path
+from helpers import rel_err, shared_path
 
 CASES = ["dyn_matmul", "swiglu_three_outputs", "reduce_max_softmax_channels", "causal_attention_decomposed"]
 
@@ -28,10 +28,6 @@ def load_case(name):
     with np.load(d / "inputs.npz") as i, np.load(d / "expected.npz") as e:
         return index[name], Artifact.load(d), dict(i), dict(e)
 
-
-def rel_err(got, ref):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
 
 
 def test_index_lists_the_four_cases():

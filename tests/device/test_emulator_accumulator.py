@@ -15,12 +15,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from emulator_testkit import STRICT_NB
+from emulator_testkit import run as run_once
 
-from anelm.device.emulator import run_function
-from anelm.device.profile import load_profile
+from anelm.chip.profile import load_profile
 from anelm.doctor.milgen import blob_const, const, op, program
 from anelm.mil.blob import encode_tensor
-from anelm.mil.parser import parse
 
 Q1516 = STRICT_NB.replace(name="q15.16", accumulator="q15.16")
 UNLIMITED = STRICT_NB.replace(name="unlimited", accumulator_limit=None)
@@ -32,7 +31,7 @@ W_PATH = "@model_path/weights/w.bin"
 
 
 def run(text, inputs, profile, weights=None):
-    return run_function(parse(text).main, weights or {}, inputs, profile)
+    return run_once(text, inputs, weights, profile)
 
 
 def conv1x1(x: np.ndarray, w: np.ndarray, profile) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.ir.builder import GraphBuilder
 from anelm.mil.blob import blob_chunks
 from anelm.quant.core import QLinear

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from emulator_testkit import LOOSE, const, mil, rel_err, run, ttype
+from emulator_testkit import LOOSE, const, mil, run, ttype
+from helpers import rel_err
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -7,7 +7,7 @@ from emulator_testkit import LOOSE, STRICT_NB, const, mil, run, ttype
 
 from anelm.device.base import Surface
 from anelm.device.emulator import Emulator, read_packed
-from anelm.device.profile import PROFILE_DIR, STRICT, load_profile
+from anelm.chip.profile import PROFILE_DIR, STRICT, load_profile
 from anelm.errors import BlobError, CompileBudgetExceeded, CompileError, DeviceError, ShapeError
 from anelm.mil.blob import encode_blob, encode_tensor
 

@@ -8,7 +8,7 @@ import pytest
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
 from anelm.device.overflow import Overflow, output_overflow, reset_overflow_warnings
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.device.base import Surface
 from anelm.ir.builder import GraphBuilder
 from anelm.runtime.cache import ProgramCache
@@ -88,7 +88,7 @@ def test_a_kernel_with_warnings_off_is_silent(capsys):
 
 
 def test_training_dx_kernels_do_not_warn_and_forward_kernels_do(capsys):
-    from anelm.train.kernels import BACKWARD, FORWARD, Dims
+    from anelm.kernels.training import BACKWARD, FORWARD, Dims
     from anelm.train.kernels_bank import DynamicBank
 
     dims = Dims(d=32, f=48, hq=4, hkv=2, hd=8, s=16)

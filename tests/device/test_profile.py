@@ -5,7 +5,7 @@ import json
 import pytest
 
 from anelm.cli.main import main
-from anelm.device.profile import ChipProfile, load_profile
+from anelm.chip.profile import ChipProfile, load_profile
 from anelm.errors import AnelmError
 
 

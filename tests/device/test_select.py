@@ -12,7 +12,7 @@ import pytest
 import anelm.device
 from anelm.device import ane
 from anelm.device.emulator import Emulator
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.device.select import get_device
 from anelm.errors import DeviceError, UsageError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from anelm.device.emulator import Emulator
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.doctor import derive_profile, run_suite
 from anelm.doctor.harness import Observation
 from anelm.doctor.probes_accum import accumulator_probes, first_limited_rung

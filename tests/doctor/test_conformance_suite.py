@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from anelm.device.emulator import Emulator
-from anelm.device.profile import STRICT, ChipProfile
+from anelm.chip.profile import STRICT, ChipProfile
 from anelm.doctor import BUDGET_PROBE, all_probes, derive_profile, format_table, rel_err, rows, run_isolated, run_suite
 from anelm.doctor.harness import Observation
 from anelm.doctor.suite import select

@@ -9,7 +9,7 @@ import pytest
 
 from anelm.cli.main import main
 from anelm.device.emulator import Emulator
-from anelm.device.profile import STRICT, load_profile
+from anelm.chip.profile import STRICT, load_profile
 from anelm.doctor.harness import Harness
 from anelm.doctor.suite import budget_probe
 

@@ -8,7 +8,7 @@ import pytest
 
 from anelm.cli.main import main
 from anelm.device.ane import available
-from anelm.device.profile import STRICT, load_profile
+from anelm.chip.profile import STRICT, load_profile
 
 HAS_ANE = available()[0]
 linux_only = pytest.mark.skipif(HAS_ANE, reason="checks the report of a machine without an ANE")

@@ -1,7 +1,7 @@
 """The device pipeline (anelm.generate.pipeline) on the emulator against HF `transformers`.
 
 Oracles: tiny random HF models built from a config and saved with `save_pretrained`
-(tests/models/hf_tiny.py), run by torch in float32. The pipeline runs every decoder layer as
+(tests/hf_tiny.py), run by torch in float32. The pipeline runs every decoder layer as
 a program our compiler made, in fp16 on the emulator, so the tolerances are CONTRACTS §6:
 whole-model logits ≤ 3e-2 of max|ref|, and greedy choices equal to HF's except where HF's own
 top-2 margin is under 5 % of max|logit|. The models' weights are drawn large (hf_tiny: std
@@ -9,21 +9,19 @@ top-2 margin is under 5 % of max|logit|. The models' weights are drawn large (hf
 such near-ties; the tests count the decisive steps so that they cannot pass on ties alone.
 """
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-_spec = importlib.util.spec_from_file_location("hf_tiny", Path(__file__).resolve().parents[1] / "models" / "hf_tiny.py")
-hf_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf_tiny)
+import hf_tiny
+from helpers import rel_err
+
 torch = hf_tiny.torch
 
 from anelm.device.base import compile_count  # noqa: E402
 from anelm.device.emulator import Emulator  # noqa: E402
-from anelm.device.profile import STRICT  # noqa: E402
+from anelm.chip.profile import STRICT  # noqa: E402
 from anelm.generate.device_plan import plan_sizes  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.generate.runner import Runner, make_runner  # noqa: E402
@@ -81,7 +79,7 @@ def check_against_hf(hf, prompt, tokens, logits) -> int:
     ref = hf_tiny.hf_logits(hf, prompt + tokens)[len(prompt) - 1: len(prompt) - 1 + len(tokens)]
     decisive = 0
     for step, (ours, theirs, tok) in enumerate(zip(logits, ref, tokens)):
-        err = hf_tiny.rel_err(ours, theirs)
+        err = rel_err(ours, theirs)
         assert err <= LOGITS_TOL, f"step {step}: logits differ by {err:.4f} of max|ref|"
         decisive += check_choice(theirs, tok, step)
     return decisive
@@ -101,7 +99,7 @@ def test_prefill_logits_of_every_position_match_hf(models, kind):
     ids = np.random.default_rng(3).integers(0, 96, 40).tolist()  # bucket 64: all of the context's ladder
     got = runner.prefill(ids, runner.new_cache())
     assert got.shape == (40, 96)
-    assert hf_tiny.rel_err(got, hf_tiny.hf_logits(hf, ids)) <= LOGITS_TOL
+    assert rel_err(got, hf_tiny.hf_logits(hf, ids)) <= LOGITS_TOL
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -114,7 +112,7 @@ def test_cached_decode_matches_full_recompute(models, kind):
     steps += list(runner.prefill(more[8:], cache))  # a continued prompt (chat turn) runs via decode
     assert cache.length == len(prompt) + len(more)
     full = runner.prefill(prompt + more, runner.new_cache())[len(prompt) - 1:]
-    err = hf_tiny.rel_err(np.stack(steps), full)
+    err = rel_err(np.stack(steps), full)
     assert err <= KV_TOL, err
 
 

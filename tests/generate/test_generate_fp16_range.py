@@ -11,25 +11,23 @@ perplexity ratio within 1 %.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-_spec = importlib.util.spec_from_file_location("hf_tiny", Path(__file__).resolve().parents[1] / "models" / "hf_tiny.py")
-hf_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf_tiny)
+import hf_tiny
+from helpers import rel_err
+
 torch = hf_tiny.torch
 
 from anelm.compiler.pipeline import compile_graph  # noqa: E402
 from anelm.device.emulator import Emulator  # noqa: E402
-from anelm.device.profile import STRICT  # noqa: E402
+from anelm.chip.profile import STRICT  # noqa: E402
 from anelm.generate.perplexity import perplexity, token_nll  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.ir.builder import GraphBuilder  # noqa: E402
 from anelm.kernels.norms import channel_norm, head_rms_norm  # noqa: E402
-from anelm.kernels.prefill import stream_scale_for  # noqa: E402
+from anelm.kernels.layers import stream_scale_for  # noqa: E402
 from anelm.models.loading import load_model  # noqa: E402
 from anelm.runtime.kernel import Kernel  # noqa: E402
 
@@ -105,7 +103,7 @@ def test_greedy_decoding_follows_hf(sink_model, capsys):
         top2 = np.sort(theirs)[-2:]
         if (top2[1] - top2[0]) / np.abs(theirs).max() >= 0.05:  # CONTRACTS §6's tie rule
             assert mine == int(np.argmax(theirs)), f"step {step}"
-    assert hf_tiny.rel_err(np.stack(ours), ref) <= 3e-2
+    assert rel_err(np.stack(ours), ref) <= 3e-2
     assert "fp16 overflow" not in capsys.readouterr().err
 
 
@@ -128,7 +126,7 @@ def test_channel_norms_hold_any_fp16_magnitude(peak):
         got = _run_norm(lambda b, v: channel_norm(b, v, eps, center, "n"), x)
         v = x.astype(np.float64) - (x.mean(axis=1, keepdims=True) if center else 0)
         ref = v / np.sqrt((v * v).mean(axis=1, keepdims=True) + eps)
-        assert hf_tiny.rel_err(got, ref) <= NORM_TOL, (peak, center)
+        assert rel_err(got, ref) <= NORM_TOL, (peak, center)
 
 
 def test_head_norm_holds_large_heads():
@@ -139,7 +137,7 @@ def test_head_norm_holds_large_heads():
     got = _run_norm(lambda b, v: head_rms_norm(b, v, w, 1e-6, "h"), x)
     v = x.astype(np.float64)
     ref = v / np.sqrt((v * v).mean(axis=2, keepdims=True) + 1e-6) * w.reshape(1, 1, 16, 1)
-    assert hf_tiny.rel_err(got, ref) <= NORM_TOL
+    assert rel_err(got, ref) <= NORM_TOL
 
 
 def test_stream_scale_is_a_power_of_two_that_brings_the_peak_under_4096():

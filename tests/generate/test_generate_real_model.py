@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from anelm.device.emulator import Emulator  # noqa: E402
-from anelm.device.profile import STRICT  # noqa: E402
+from anelm.chip.profile import STRICT  # noqa: E402
 from anelm.generate.perplexity import perplexity, token_nll  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 

@@ -11,7 +11,8 @@ from anelm.errors import ShapeError
 from anelm.ir.builder import GraphBuilder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compiler"))
-from graph_ref_interp import evaluate, rel_err  # noqa: E402
+from graph_ref_interp import evaluate  # noqa: E402
+from helpers import rel_err  # noqa: E402
 
 RNG = np.random.default_rng(0)
 

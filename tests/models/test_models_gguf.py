@@ -12,8 +12,8 @@ import json
 
 import numpy as np
 import pytest
-from hf_tiny import hf_logits, rel_err, torch, transformers
-from helpers import shared_path
+from hf_tiny import hf_logits, torch, transformers
+from helpers import rel_err, shared_path
 
 from anelm.cli.main import main
 from anelm.models.loading import build_model, load_model

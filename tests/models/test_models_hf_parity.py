@@ -4,7 +4,8 @@ from itertools import islice
 
 import numpy as np
 import pytest
-from hf_tiny import SPECS, hf_logits, rel_err, torch
+from hf_tiny import SPECS, hf_logits, torch
+from helpers import rel_err
 
 from anelm.generate.generate import generate_step
 from anelm.generate.sampling import greedy

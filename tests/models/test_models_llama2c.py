@@ -5,7 +5,8 @@ import struct
 
 import numpy as np
 import pytest
-from hf_tiny import hf_logits, randomize, rel_err, torch, transformers
+from hf_tiny import hf_logits, randomize, torch, transformers
+from helpers import rel_err
 
 from anelm.models.errors import LoadError
 from anelm.models.loading import build_model, load_model

@@ -6,7 +6,8 @@ import shutil
 
 import numpy as np
 import pytest
-from hf_tiny import hf_logits, make_hf, rel_err, torch
+from hf_tiny import hf_logits, make_hf, torch
+from helpers import rel_err
 from safetensors.numpy import load_file, save_file
 
 from anelm.models.errors import ConfigError, LoadError

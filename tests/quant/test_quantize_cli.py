@@ -1,18 +1,14 @@
 """`anelm quantize` and the quantized folder (CONTRACTS §10) on a tiny Llama (GQA): the folder's
 layout, every reading command, the refusals, and the int8 the kernels carry."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
 pytest.importorskip("transformers")
-_spec = importlib.util.spec_from_file_location("hf_tiny", Path(__file__).resolve().parents[1] / "models" / "hf_tiny.py")
-hf_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hf_tiny)
+import hf_tiny  # noqa: E402
 
 from anelm.cli.main import main  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 from anelm.compiler.artifact import Artifact, signature_from_function
 from anelm.device.base import Surface, compile_count
 from anelm.device.emulator import Emulator
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.errors import ShapeError
 from anelm.mil.parser import parse
 from anelm.runtime.cache import ProgramCache

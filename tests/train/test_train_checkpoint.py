@@ -40,7 +40,6 @@ def test_round_trip_and_plain_safetensors_reader(tmp_path):
     plain = load_file(str(path))  # the reference safetensors reader agrees with our writer
     assert np.array_equal(plain["model.norm.weight"], ck.weights["model.norm.weight"])
     assert "optimizer.exp_avg.model.norm.weight" in plain
-    assert set(C.read_weights(path)) == set(ck.weights)
     from anelm.train.optim import AdamW
 
     opt = AdamW(back.weights)  # loaded arrays serve directly as writable master weights

@@ -21,10 +21,10 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3Config as HFQwen3Confi
 from anelm.device import base
 from anelm.device.base import compile_count
 from anelm.device.emulator import Emulator
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.errors import ShapeError, UsageError
 from anelm.models.config import LlamaConfig, Qwen3Config
-from anelm.train.kernels import WEIGHTED
+from anelm.kernels.training import WEIGHTED
 from anelm.train.scaler import grads_finite
 from anelm.train.step import DeviceTrainStep
 

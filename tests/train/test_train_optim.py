@@ -14,14 +14,11 @@ import torch
 from anelm.errors import ShapeError
 from anelm.train import optim
 from anelm.train.errors import CheckpointError
+from helpers import rel_err
 
 TOL = 2e-6
 SHAPES = {"model.embed_tokens.weight": (40, 8), "model.layers.0.mlp.up_proj.weight": (16, 8),
           "model.layers.0.input_layernorm.weight": (8,), "model.norm.weight": (8,)}
-
-
-def rel(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 def make(seed=0):
@@ -59,15 +56,15 @@ def test_adamw_matches_torch_over_steps_with_groups(wd, betas, eps):
     for i, lr in enumerate(lrs):
         opt.step(grads_for(i), lr=lr)
     for n in SHAPES:
-        assert rel(ours[n], ref[n]) < TOL, n
+        assert rel_err(ours[n], ref[n]) < TOL, n
     assert opt.t == len(lrs)
     # decay really applied to matrices only: a zero-decay run differs there and nowhere else
     plain = make()
     opt0 = optim.AdamW(plain, lr=lrs[0], betas=betas, eps=eps, weight_decay=0.0)
     for i, lr in enumerate(lrs):
         opt0.step(grads_for(i), lr=lr)
-    assert rel(plain["model.norm.weight"], ours["model.norm.weight"]) == 0
-    assert rel(plain["model.embed_tokens.weight"], ours["model.embed_tokens.weight"]) > 1e-5
+    assert rel_err(plain["model.norm.weight"], ours["model.norm.weight"]) == 0
+    assert rel_err(plain["model.embed_tokens.weight"], ours["model.embed_tokens.weight"]) > 1e-5
 
 
 def test_adamw_large_tensor_spans_several_chunks():
@@ -81,7 +78,7 @@ def test_adamw_large_tensor_spans_several_chunks():
         t.grad = torch.tensor(g)
         topt.step()
         ours.step({"w": g})
-    assert rel(w["w"], t.detach().numpy()) < TOL
+    assert rel_err(w["w"], t.detach().numpy()) < TOL
 
 
 def test_adamw_state_round_trip_continues_identically():
@@ -127,7 +124,7 @@ def test_clip_grad_norm_matches_torch(max_norm):
     norm = optim.clip_grad_norm_(g, max_norm)
     assert abs(norm - ref_norm) / ref_norm < 1e-6
     for t, n in zip(ts, SHAPES):
-        assert rel(g[n], t.grad.numpy()) < 1e-6
+        assert rel_err(g[n], t.grad.numpy()) < 1e-6
 
 
 def test_clip_leaves_non_finite_gradients_for_the_scaler():
@@ -152,7 +149,7 @@ def test_update_scale_unscales_and_clips_as_torch(loss_scale, accum, max_norm):
     coef = min(max_norm / (ref_norm + 1e-6), 1.0) if max_norm else 1.0  # torch's clip coefficient
     assert factor == pytest.approx(coef / (loss_scale * accum), rel=1e-6)
     for n, t in tp.items():
-        assert rel(ours[n], t.detach().numpy()) < TOL
+        assert rel_err(ours[n], t.detach().numpy()) < TOL
         assert np.array_equal(scaled[n], before[n])  # the gradients are read, not modified
 
 
@@ -171,6 +168,6 @@ def test_accumulation_helpers_average_micro_batches():
         optim.accumulate_(acc, grads_for(i))
     optim.scale_(acc, 0.25)
     mean = {n: np.mean([grads_for(i)[n] for i in range(4)], axis=0) for n in SHAPES}
-    assert all(rel(acc[n], mean[n]) < 1e-6 for n in SHAPES)
+    assert all(rel_err(acc[n], mean[n]) < 1e-6 for n in SHAPES)
     optim.zero_(acc)
     assert all(not a.any() for a in acc.values()) and optim.adamw_flops(10) == 140

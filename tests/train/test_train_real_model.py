@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from anelm.device.emulator import Emulator  # noqa: E402
-from anelm.device.profile import STRICT  # noqa: E402
+from anelm.chip.profile import STRICT  # noqa: E402
 from anelm.train.loop import Trainer  # noqa: E402
 from anelm.train.run import prepare  # noqa: E402
 

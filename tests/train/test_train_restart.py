@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.train.corpus import write_corpus
 from anelm.train.data import train_bpe
 from anelm.train.metrics import read_metrics

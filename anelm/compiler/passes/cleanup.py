@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...device.profile import STRICT, ChipProfile
+from ...chip.profile import STRICT, ChipProfile
 from ...errors import CompileError
 from ...ir.builder import INLINE_MAX
 from ...ir.graph import Graph, Node, Value, const_type, np_dtype

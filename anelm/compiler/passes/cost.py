@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...device.profile import STRICT, ChipProfile
+from ...chip.profile import STRICT, ChipProfile
 from ...ir.graph import Graph, Node
 from ..registry import register_pass
 

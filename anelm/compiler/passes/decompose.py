@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...device.profile import STRICT, ChipProfile
+from ...chip.profile import STRICT, ChipProfile
 from ...errors import CompileError
 from ...ir.builder import GraphBuilder
 from ...ir.graph import Graph, Node, Value

@@ -9,7 +9,7 @@ What they record for the runtime goes to `graph.meta` and from there to the Arti
 
 from __future__ import annotations
 
-from ...device.profile import STRICT, ChipProfile
+from ...chip.profile import STRICT, ChipProfile
 from ...errors import CompileError
 from ...ir.builder import GraphBuilder
 from ...ir.graph import Graph, Node, Value, const_type

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 
-from ...device.profile import SRAM_BYTES, STRICT, ChipProfile
+from ...chip.profile import SRAM_BYTES, STRICT, ChipProfile
 from ...errors import CompileError
 from ...ir.graph import Graph, Node, Value
 from ...ir.ops import OP_TABLE

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from ..ir.graph import Value
-from ..kernels.attention import causal_mask, split_heads
+from .attention import causal_mask, split_heads
 
 
 def _heads(k, name: str, groups: int) -> Value:

@@ -1,5 +1,5 @@
 """Tiny random `transformers` models, saved with `save_pretrained`: the oracles of the model,
-generation and CLI tests (imported by name from tests/models, by path from elsewhere).
+generation and CLI tests (`import hf_tiny` from any test folder: tests/ is on pytest's pythonpath).
 
 Weights are redrawn larger than HF's init (std 0.3, norm scales 1 ± 0.1, non-zero biases) so
 that every weight matters to the logits and greedy sequences vary instead of repeating one id.
@@ -77,6 +77,3 @@ def hf_logits(model, ids) -> np.ndarray:
     with torch.no_grad():
         return model(torch.tensor([list(ids)])).logits[0].numpy()
 
-
-def rel_err(got, ref) -> float:
-    return float(np.max(np.abs(np.asarray(got) - ref)) / np.max(np.abs(ref)))

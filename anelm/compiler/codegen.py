@@ -1,4 +1,5 @@
-"""Graph -> MIL `Program` + BLOBFILE weights, in the style of the reference programs.
+"""The compiler's lowering step: graph -> MIL `Program` + BLOBFILE weights, in the style of the
+reference programs.
 
     fp16 scale_y = const()[name = string("scale_y"), val = fp16(0.125)];
     bool mm_transpose_x = const()[name = string("mm_transpose_x"), val = bool(false)];
@@ -21,21 +22,20 @@ from typing import Any
 
 import numpy as np
 
-from ..device.profile import STRICT, ChipProfile
 from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value, const_type
 from ..ir.ops import OP_TABLE
-from .blob import encode_tensor
-from .program import DEFAULT_BUILD_INFO, BlobRef, Function, Literal, Program, Statement, TensorType, Var
+from ..mil.blob import encode_tensor
+from ..mil.program import DEFAULT_BUILD_INFO, BlobRef, Function, Literal, Program, Statement, TensorType, Var
 
 WEIGHTS_DIR = "@model_path/weights"
 BLOB_OFFSET = 64  # the metadata block of a single-tensor BLOBFILE (CONTRACTS §3)
 OPSET = "ios18"
 
 
-def emit(graph: Graph, profile: ChipProfile = STRICT) -> tuple[Program, dict[str, bytes]]:
+def emit(graph: Graph) -> tuple[Program, dict[str, bytes]]:
     """The MIL program of `graph` (function `main`) and its weights {mil_path: BLOBFILE bytes}."""
-    cg = _Codegen(graph, profile)
+    cg = _Codegen(graph)
     for n in graph.nodes:
         cg.node(n)
     fn = Function("main", OPSET, [(v.type, v.name) for v in graph.inputs], cg.body,
@@ -76,8 +76,8 @@ def _np(dtype: str):
 
 
 class _Codegen:
-    def __init__(self, graph: Graph, profile: ChipProfile):
-        self.graph, self.profile = graph, profile
+    def __init__(self, graph: Graph):
+        self.graph = graph
         self.body: list[Statement] = []
         self.weights: dict[str, bytes] = {}
         self.names = {v.name for v in graph.inputs} | {o.name for n in graph.nodes for o in n.outputs}

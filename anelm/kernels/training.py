@@ -36,12 +36,11 @@ from ..compiler.passes.cost import graph_flops  # noqa: F401  (re-exported: the 
 from ..errors import ShapeError
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Graph, Value
-from . import kernels_attn
+from ..models.names import weight_name
+from . import training_attn
 
-# role -> HF weight name inside a layer
-HF_WEIGHT = {"wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight",
-             "wv": "self_attn.v_proj.weight", "wo": "self_attn.o_proj.weight",
-             "w1": "mlp.gate_proj.weight", "w3": "mlp.up_proj.weight", "w2": "mlp.down_proj.weight"}
+# weight role of the kernels -> the layer part it is (anelm.models.names)
+LAYER_ROLE = {"wq": "q", "wk": "k", "wv": "v", "wo": "o", "w1": "gate", "w3": "up", "w2": "down"}
 FORWARD = ("qkv", "wo", "ffn_up", "ffn_down")            # stage Wᵀ
 BACKWARD = ("ffn_down_dx", "ffn_up_dx", "wo_dx", "qkv_dx")  # stage W
 WEIGHTED = FORWARD + BACKWARD
@@ -118,10 +117,10 @@ def layouts(m: Dims) -> dict[str, dict[str, Packed]]:
     }
 
 
-def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
+def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int,
+               model_type: str = "llama") -> dict[str, np.ndarray]:
     """The matrices M a weighted kernel stages for one layer: Wᵀ forward, W for dx."""
-    p = f"model.layers.{layer}."
-    mats = {role: weights[p + HF_WEIGHT[role]] for role in ROLES.get(kind, ())}
+    mats = {role: weights[weight_name(model_type, layer, LAYER_ROLE[role])] for role in ROLES.get(kind, ())}
     return {r: w.T for r, w in mats.items()} if kind in FORWARD else mats
 
 
@@ -205,7 +204,7 @@ def _qkv_dx(k: KernelContext) -> dict[str, Value]:
 
 _BODY = {"qkv": _qkv, "wo": _wo, "ffn_up": _ffn_up, "ffn_down": _ffn_down,
          "ffn_down_dx": _ffn_down_dx, "ffn_up_dx": _ffn_up_dx, "wo_dx": _wo_dx, "qkv_dx": _qkv_dx,
-         "sdpa_fwd": kernels_attn.sdpa_fwd, "sdpa_bwd": kernels_attn.sdpa_bwd}
+         "sdpa_fwd": training_attn.sdpa_fwd, "sdpa_bwd": training_attn.sdpa_bwd}
 
 
 def build_graph(kind: str, m: Dims, mats: dict[str, np.ndarray] | None = None) -> Graph:

@@ -7,7 +7,7 @@ import pytest
 
 from anelm.ir.builder import GraphBuilder
 from anelm.mil.blob import decode_blob
-from anelm.mil.codegen import emit, param_literal
+from anelm.compiler.codegen import emit, param_literal
 from anelm.mil.parser import parse
 from anelm.mil.program import DEFAULT_BUILD_INFO, BlobRef, Literal, Var
 from anelm.mil.text import print_program

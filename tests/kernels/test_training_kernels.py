@@ -12,12 +12,14 @@ import math
 import numpy as np
 import pytest
 
+from helpers import rel_err
+
 from anelm.compiler.pipeline import compile_graph
 from anelm.device import base
 from anelm.device.emulator import Emulator
-from anelm.device.profile import STRICT
+from anelm.chip.profile import STRICT
 from anelm.runtime.kernel import Kernel
-from anelm.train.kernels import FORWARD, WEIGHTED, Dims, build_graph, graph_flops, layouts
+from anelm.kernels.training import FORWARD, WEIGHTED, Dims, build_graph, graph_flops, layouts
 
 PROFILE = STRICT.replace(compile_budget=10**9)
 
@@ -53,9 +55,6 @@ REF = {
     "qkv_dx": lambda w, a: {"dx": w["wq"].T @ a["dq"] + w["wk"].T @ a["dk"] + w["wv"].T @ a["dv"]},
 }
 
-
-def rel_err(got, ref):
-    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
 
 
 def random_case(kind, seed):

@@ -1,0 +1,220 @@
+"""The layer library of the inference kernels: shape, folded weights, and the graph pieces
+(norm, projections, RoPE, attention, MLP, residual) that prefill (`prefill.py`) and decode
+(`decode.py`) build their layers from.
+
+RoPE is applied at full head width, so that the rotated keys are ONE tensor the cache can take:
+    x' = x·cos + rotate_half(x)·sin,  rotate_half(x) = [−x2, x1] = P·x
+where P is a const signed permutation `[Dh, Dh]` applied by a matmul over Dh. Each output
+element is one ±input, so the matmul is exact in fp16, and no concat is needed to join halves.
+
+Every op costs a pass over its result (on the emulator, a rounding to fp16 each), so the
+layer is written with few: `layer_params` folds the norm gains (and LayerNorm's shift) into
+the projections that follow them and the attention scale into the query projection, channel
+means are 1x1 convs with 1/C weights (one op instead of a sum and a scale), and GELU's tanh
+form is x·sigmoid(2u), the same function as 0.5·x·(1 + tanh u) in six ops instead of nine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.builder import GraphBuilder
+from ..ir.graph import Value
+from ..models.names import layer_modules
+from ..quant.core import QLinear
+from ..quant.graph import quant_linear
+from .norms import channel_norm, head_rms_norm
+
+GELU_C = math.sqrt(2.0 / math.pi)  # GELU tanh form: u = c·(x + 0.044715·x³)
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What a layer kernel needs to know besides its weights."""
+
+    gpt2: bool  # LayerNorm + biases + GELU(tanh) + learned positions; else Llama/Qwen3 (RMSNorm, SwiGLU)
+    d: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    scale: float  # attention score scale (GPT-2 may scale by 1/(layer+1) too)
+    stream_scale: float = 1.0  # the kernels carry the residual stream divided by this (see stream_scale_for)
+
+    @property
+    def groups(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def kv_channels(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+def layer_shape(config, index: int = 0) -> LayerShape:
+    """The LayerShape of layer `index` of a model config (anelm.models.config)."""
+    gpt2 = config.model_type == "gpt2"
+    hd = config.head_dim
+    scale = 1.0 / math.sqrt(hd)
+    if gpt2:
+        scale = scale if config.scale_attn_weights else 1.0
+        scale = scale / (index + 1) if config.scale_attn_by_inverse_layer_idx else scale
+    eps = config.layer_norm_epsilon if gpt2 else config.rms_norm_eps
+    return LayerShape(gpt2, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                      hd, float(eps), scale)
+
+
+STREAM_PEAK = 4096.0  # the largest stream value the kernels should carry (stream_scale_for)
+
+
+def stream_scale_for(peak: float) -> float:
+    """The power of two S by which the kernels divide the residual stream, for a model whose
+    stream (or a layer's update to it) reaches `peak` (`CausalLM.stream_peak`).
+
+    The o and down projections write into the stream, so their results, conv/matmul sums, must
+    stay under the accumulator's 32768 (strict §2.9), and the stream itself under fp16's 65504.
+    Dividing by S is exact (a power of two) and free: S is folded into those projections'
+    weights and into eps, and every read of the stream goes through a norm, which does not see
+    the scale. STREAM_PEAK leaves 8x headroom over the calibration for prompts that push
+    further. SmolLM2-135M peaks at 27,056 and gets S = 8; random test models get S = 1.
+    """
+    return 1.0 if peak <= STREAM_PEAK else float(2.0 ** math.ceil(math.log2(peak / STREAM_PEAK)))
+
+
+# --- weights -------------------------------------------------------------------------------
+
+def _fold(w: np.ndarray, b: np.ndarray | None, gain: np.ndarray, shift: np.ndarray | None):
+    """W·(g ⊙ n + s) + b = (W·diag g)·n + (W·s + b): the norm's affine moved into the linear."""
+    wf = (w * gain[None, :]).astype(np.float32)
+    if shift is None:
+        return wf, b
+    return wf, (w @ shift + (0.0 if b is None else b)).astype(np.float32)
+
+
+def layer_params(s: LayerShape, w: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    """HF weights of one layer (names inside the layer, `[out, in]`) -> {linear: (W, bias or None)}
+    with the norm affines and the attention scale folded in; "q_norm"/"k_norm" hold Qwen3's
+    per-head gains as (gain, None)."""
+    names = layer_modules("gpt2" if s.gpt2 else "qwen3")
+    get = lambda role: (w[names[role] + ".weight"], w.get(names[role] + ".bias"))  # noqa: E731
+    if s.gpt2:
+        (wqkv, bqkv), d = get("qkv"), s.d  # fused rows [q | k | v]
+        raw = {n: (wqkv[i * d:(i + 1) * d], bqkv[i * d:(i + 1) * d]) for i, n in enumerate("qkv")}
+        raw.update(o=get("o"), fc=get("fc"), proj=get("proj"))
+        norm1, norm2, mlp_in = get("attn_norm"), get("mlp_norm"), ("fc",)
+    else:
+        raw = {n: get(n) for n in ("q", "k", "v", "o", "gate", "up", "down")}
+        norm1, norm2, mlp_in = (get("attn_norm")[0], None), (get("mlp_norm")[0], None), ("gate", "up")
+    p = {n: _fold(*raw[n], *norm1) for n in "qkv"}
+    p.update({n: _fold(*raw[n], *norm2) for n in mlp_in})
+    p.update({n: raw[n] for n in raw if n not in p})
+    for n in ("o", "down", "proj"):  # the projections that write into the residual stream
+        if n in p and s.stream_scale != 1.0:
+            pw, pb = p[n]
+            p[n] = (pw / np.float32(s.stream_scale), None if pb is None else pb / np.float32(s.stream_scale))
+    if not s.gpt2 and names["q_norm"] + ".weight" in w:  # Qwen3: the scale goes after the q norm, into its gain
+        p["q_norm"] = (get("q_norm")[0] * np.float32(s.scale), None)
+        p["k_norm"] = (get("k_norm")[0], None)
+    else:  # RoPE is linear, so scaling q before it is scaling the scores
+        wq, bq = p["q"]
+        p["q"] = (wq * np.float32(s.scale), None if bq is None else bq * np.float32(s.scale))
+    # one projection for q, k and v (rows [q | k | v]): one conv and one bias add instead of three
+    parts = [p.pop(n) for n in "qkv"]
+    bias = None if all(pb is None for _, pb in parts) else \
+        np.concatenate([np.zeros(pw.shape[0], np.float32) if pb is None else pb for pw, pb in parts])
+    p["qkv"] = (np.concatenate([pw for pw, _ in parts]), bias)
+    return p
+
+
+# --- graph pieces --------------------------------------------------------------------------
+
+def rope_full_tables(cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """HF's per-pair tables [T, Dh/2] -> full-width [1, 1, Dh, T] (each pair angle twice)."""
+    full = lambda t: np.concatenate([t, t], axis=-1).T[None, None].astype(np.float32)  # noqa: E731 - [1,1,Dh,T]
+    return full(cos), full(sin)
+
+
+def rotate_half_matrix(head_dim: int) -> np.ndarray:
+    """P [1, 1, Dh, Dh] with P·x = [−x2, x1] over Dh."""
+    half = head_dim // 2
+    p = np.zeros((head_dim, head_dim), np.float32)
+    p[np.arange(half), np.arange(half) + half] = -1.0
+    p[np.arange(half) + half, np.arange(half)] = 1.0
+    return p[None, None]
+
+
+def apply_rope(b: GraphBuilder, x: Value, cos: Value, sin: Value, rot: Value, name: str) -> Value:
+    """x·cos + (P·x)·sin for heads `[Hkv, G, Dh, S]`; cos/sin broadcast as `[1, 1, Dh, S]`."""
+    turned = b.matmul(rot, x, name=f"{name}_rot")  # [1,1,Dh,Dh] @ [Hkv,G,Dh,S] -> [Hkv,G,Dh,S]
+    return b.add(b.mul(x, cos, name=f"{name}_c"), b.mul(turned, sin, name=f"{name}_s"), name=name)
+
+
+def _lin(b: GraphBuilder, x: Value, p: dict, key: str) -> Value:
+    w, bias = p[key]
+    if isinstance(w, QLinear):  # int8 weights (anelm.quant): the chip's int8 forms
+        return quant_linear(b, x, w, bias, name=f"{key}_proj")
+    return b.linear(x, w, bias, name=f"{key}_proj")
+
+
+def stream_norm(b: GraphBuilder, s: LayerShape, x: Value, name: str) -> Value:
+    """The layer's norm of the (scaled) residual stream: eps scales with the stream's square."""
+    return channel_norm(b, x, s.eps / s.stream_scale ** 2, s.gpt2, name)
+
+
+def gelu_tanh(b: GraphBuilder, x: Value, name: str = "gelu") -> Value:
+    """0.5·x·(1 + tanh u) = x·sigmoid(2u), 2u = x·(2c + 2c·0.044715·x²): strict rejects `gelu`."""
+    x2 = b.mul(x, x, name=f"{name}_x2")
+    inner = b.add(b.mul(x2, 2 * GELU_C * 0.044715, name=f"{name}_a"), 2 * GELU_C, name=f"{name}_b")
+    return b.mul(x, b.sigmoid(b.mul(x, inner, name=f"{name}_2u"), name=f"{name}_sig"), name=name)
+
+
+def layer_front(b: GraphBuilder, s: LayerShape, p: dict, x: Value, rope: tuple[Value, Value] | None
+                ) -> tuple[Value, Value, Value, Value, Value]:
+    """Norm, Q/K/V projections, Qwen3's q/k norms and RoPE for x `[1, D, 1, S]`.
+
+    Returns (q heads `[Hkv, G, Dh, S]`, k heads `[Hkv, 1, Dh, S]`, v heads `[Hkv, 1, Dh, S]`,
+    then k and v as the cache stores them: heads `[Hkv, 1, Dh, S]`, the bytes of `[1, C, 1, S]`).
+    """
+    seq, hd, kv, h = x.shape[3], s.head_dim, s.kv_heads, s.heads
+    qkv = _lin(b, stream_norm(b, s, x, "attn_norm"), p, "qkv")
+    heads = b.reshape(qkv, [h + 2 * kv, 1, hd, seq], name="qkv_heads")  # [1,(H+2Hkv)·Dh,1,S] -> [H+2Hkv,1,Dh,S]
+    qh = b.slice_by_size(heads, [0, 0, 0, 0], [h, 1, hd, seq], name="q_heads")  # [H,1,Dh,S]
+    kh = b.slice_by_size(heads, [h, 0, 0, 0], [kv, 1, hd, seq], name="k_heads")  # [Hkv,1,Dh,S]
+    vh = b.slice_by_size(heads, [h + kv, 0, 0, 0], [kv, 1, hd, seq], name="v_heads")  # [Hkv,1,Dh,S]
+    if s.groups > 1:  # query head kv·G + g reads KV head kv (HF's GQA order)
+        qh = b.reshape(qh, [kv, s.groups, hd, seq], name="q_groups")  # [H,1,Dh,S] -> [Hkv,G,Dh,S]
+    if "q_norm" in p:  # Qwen3: RMSNorm over Dh per head, before RoPE
+        qh = head_rms_norm(b, qh, p["q_norm"][0], s.eps, "q_norm")
+        kh = head_rms_norm(b, kh, p["k_norm"][0], s.eps, "k_norm")
+    if rope is not None:
+        rot = b.const(rotate_half_matrix(hd), name="rotate_half", dtype="fp16", blob=True)
+        qh = apply_rope(b, qh, rope[0], rope[1], rot, "q_rope")
+        kh = apply_rope(b, kh, rope[0], rope[1], rot, "k_rope")
+    return qh, kh, vh, kh, vh
+
+
+def layer_back(b: GraphBuilder, s: LayerShape, p: dict, x: Value, attn: Value) -> Value:
+    """Output projection and residual, then norm, MLP and residual: the next hidden state."""
+    x2 = b.add(x, _lin(b, attn, p, "o"), name="resid1")
+    h = stream_norm(b, s, x2, "mlp_norm")
+    if s.gpt2:
+        m = _lin(b, gelu_tanh(b, _lin(b, h, p, "fc")), p, "proj")
+    else:  # SwiGLU; silu as x·sigmoid(x) (CONTRACTS §2 conservative form)
+        g = _lin(b, h, p, "gate")
+        act = b.mul(g, b.sigmoid(g, name="mlp_sig"), name="mlp_silu")
+        m = _lin(b, b.mul(act, _lin(b, h, p, "up"), name="mlp_prod"), p, "down")
+    return b.add(x2, m, name="resid2")
+
+
+def full_attention(b: GraphBuilder, s: LayerShape, qh: Value, kh: Value, vh: Value, mask: Value) -> Value:
+    """softmax(QᵀK + mask)·V over one sequence (q pre-scaled); returns `[1, H·Dh, 1, S]`."""
+    seq = qh.shape[3]
+    sc = b.matmul(qh, kh, transpose_x=True, name="attn_qk")  # [Hkv,G,S,S]
+    masked = b.add(sc, mask, name="attn_masked")
+    # max-shifted: the chip's own softmax overflows past a score of about 11 (peer-facts §4.9)
+    shifted = b.sub(masked, b.reduce_max(masked, axes=[3], name="attn_max"), name="attn_shift")
+    pr = b.softmax(shifted, axis=-1, name="attn_p")
+    o = b.matmul(vh, pr, transpose_y=True, name="attn_pv")  # [Hkv,1,Dh,S]·[Hkv,G,S,S]ᵀ -> [Hkv,G,Dh,S]
+    return b.reshape(o, [1, s.heads * s.head_dim, 1, seq], name="attn")  # -> [1,H·Dh,1,S]

@@ -1,0 +1,81 @@
+"""HF module and weight names, per architecture family: the one place outside the CPU
+references (`gpt2.py`, `llama.py`, `qwen3.py`) that spells them.
+
+Everything else (the device kernels, the training step, the exporters, LoRA's PEFT keys)
+names a layer's parts by *role* and asks here for the HF spelling:
+
+    layer_modules("llama")["q"]         -> "self_attn.q_proj"
+    weight_name("gpt2", 3, "qkv")       -> "transformer.h.3.attn.c_attn.weight"
+    layer_weights(config, weights, 3)   -> layer 3's weights keyed by the names inside the layer
+
+Roles: `attn_norm`, `mlp_norm` (the two norms of the stream), `q`, `k`, `v`, `o` (attention
+projections; GPT-2 fuses q, k, v into `qkv`), `q_norm`, `k_norm` (Qwen3's per-head norms),
+`gate`, `up`, `down` (SwiGLU) or `fc`, `proj` (GPT-2's MLP).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+_LLAMA = {"attn_norm": "input_layernorm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
+          "v": "self_attn.v_proj", "o": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
+          "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+MODULES = {
+    "gpt2": {"attn_norm": "ln_1", "qkv": "attn.c_attn", "o": "attn.c_proj", "mlp_norm": "ln_2",
+             "fc": "mlp.c_fc", "proj": "mlp.c_proj"},
+    "llama": _LLAMA,
+    "qwen3": {**_LLAMA, "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"},
+}
+LAYER_PREFIX = {"gpt2": "transformer.h.{}.", "llama": "model.layers.{}.", "qwen3": "model.layers.{}."}
+
+
+def layer_modules(model_type: str) -> dict[str, str]:
+    """role -> HF module path inside one layer."""
+    return MODULES[model_type]
+
+
+def layer_prefix(model_type: str, layer: int) -> str:
+    """The HF prefix of layer `layer`'s weights, with its trailing dot."""
+    return LAYER_PREFIX[model_type].format(layer)
+
+
+def weight_name(model_type: str, layer: int, role: str, kind: str = "weight") -> str:
+    """The full HF name of a layer part's `weight` (or `bias`)."""
+    return f"{layer_prefix(model_type, layer)}{MODULES[model_type][role]}.{kind}"
+
+
+def layer_weights(config: Any, weights: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
+    """Layer `layer`'s weights keyed by the HF names inside the layer (`self_attn.q_proj.weight`...)."""
+    prefix = layer_prefix(config.model_type, layer)
+    return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+
+
+def random_layer(config: Any, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float32 weights for one layer of `config` (names inside the layer, `[out, in]`),
+    scaled like a trained model's: what `anelm compile`, the demo and the benchmarks build."""
+    rng = np.random.default_rng(seed)
+    d, f = config.hidden_size, config.intermediate_size
+
+    def lin(o, i):
+        return (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)
+
+    def vec(n, base=0.0):
+        return (base + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    m = MODULES[config.model_type]
+    if config.model_type == "gpt2":
+        return {"ln_1.weight": vec(d, 1.0), "ln_1.bias": vec(d), "attn.c_attn.weight": lin(3 * d, d),
+                "attn.c_attn.bias": vec(3 * d), "attn.c_proj.weight": lin(d, d), "attn.c_proj.bias": vec(d),
+                "ln_2.weight": vec(d, 1.0), "ln_2.bias": vec(d), "mlp.c_fc.weight": lin(f, d),
+                "mlp.c_fc.bias": vec(f), "mlp.c_proj.weight": lin(d, f), "mlp.c_proj.bias": vec(d)}
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    w = {"input_layernorm.weight": vec(d, 1.0), "self_attn.q_proj.weight": lin(q, d),
+         "self_attn.k_proj.weight": lin(kv, d), "self_attn.v_proj.weight": lin(kv, d),
+         "self_attn.o_proj.weight": lin(d, q), "post_attention_layernorm.weight": vec(d, 1.0),
+         "mlp.gate_proj.weight": lin(f, d), "mlp.up_proj.weight": lin(f, d), "mlp.down_proj.weight": lin(d, f)}
+    if "q_norm" in m:
+        w["self_attn.q_norm.weight"] = vec(config.head_dim, 1.0)
+        w["self_attn.k_norm.weight"] = vec(config.head_dim, 1.0)
+    return w
