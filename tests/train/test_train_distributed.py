@@ -169,9 +169,9 @@ def test_ranks_hold_identical_weights_after_training(jobs):
     assert sorted(w0.files) == sorted(w1.files) and len(w0.files) > 10
     for name in w0.files:
         assert np.array_equal(w0[name], w1[name]), f"{name} differs between the ranks"
-    from anelm.train.checkpoint import read_weights
+    from anelm.train.checkpoint import load_checkpoint
 
-    saved = read_weights(base / "two" / "checkpoints" / f"step-{STEPS:06d}.safetensors")
+    saved = load_checkpoint(base / "two" / "checkpoints" / f"step-{STEPS:06d}.safetensors").weights
     assert all(np.array_equal(saved[n], w0[n]) for n in w0.files)  # rank 0's checkpoint is them
 
 
