@@ -67,7 +67,9 @@ def calibration_ids(config: Any, n: int = 16) -> list[int]:
 
 def layer_weights(config: Any, weights: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
     """Layer i's weights keyed by the HF names inside the layer (`self_attn.q_proj.weight`...)."""
-    prefix = f"transformer.h.{i}." if config.model_type == "gpt2" else f"model.layers.{i}."
+    from ..quant.fold import layer_prefix  # noqa: PLC0415 - one spelling of the HF layer names
+
+    prefix = layer_prefix(config.model_type, i)
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 

@@ -31,8 +31,8 @@ import numpy as np
 from ..models.errors import InputError
 from .calibrate import calibrate
 from .core import QMAX, InputQuant, power_of_two_above, quantize_rows
-from .fold import check_supported
-from .folder import METHOD, QuantPlan, linear_names, pack, refuse_quantized
+from .fold import check_supported, linear_names
+from .folder import METHOD, QuantPlan, pack, refuse_quantized
 
 ACC_TARGET = 8192.0  # W8: largest calibrated unscaled sum after the shift
 OUTLIER_RATIO = 8.0  # W8A8: a channel whose range exceeds this × the median channel's stays fp16

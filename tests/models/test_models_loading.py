@@ -33,7 +33,7 @@ def copy_folder(src, dst):
 
 
 def test_nonexistent_path(tmp_path):
-    expected = "model not found: .*nope: expected an HF folder, a RUN folder, a llama2.c .bin or a .gguf file"
+    expected = "model not found: .*nope: expected an HF folder, a RUN folder, a quantized folder, a llama2.c .bin or a .gguf file"
     with pytest.raises(LoadError, match=expected):
         load_model(tmp_path / "nope")
 
