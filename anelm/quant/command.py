@@ -47,19 +47,26 @@ def outliers(chan: np.ndarray) -> np.ndarray:
     return np.sort(order[:min(over, len(chan) // MAX_KEEP_FRACTION)])
 
 
-def plan_w8(config, weights, calib, seq, progress):
+def calibration(config, weights, calib, seq, progress=None, w8: bool = True):
+    """One calibration pass: (int8 rows of every linear, channel ranges, W8's largest unscaled
+    sums, measured when `w8`). The int8 rows depend on the weights alone, so one pass can serve
+    both schemes; W8A8 alone skips the sums (one more product per linear)."""
     names = linear_names(config)
     qs = {n: quantize_rows(weights[n + ".weight"]) for n in names}
-    chan, sums = calibrate(config, weights, calib, seq, {n: qs[n][0] for n in names}, progress)
-    inputs = {n: InputQuant(shift=power_of_two_above(sums[n] / ACC_TARGET)) for n in names}
+    chan, sums = calibrate(config, weights, calib, seq, {n: qs[n][0] for n in names} if w8 else None, progress)
+    return qs, chan, sums
+
+
+def plan_w8(config, weights, cal):
+    qs, chan, sums = cal
+    inputs = {n: InputQuant(shift=power_of_two_above(sums[n] / ACC_TARGET)) for n in linear_names(config)}
     return qs, QuantPlan("w8", inputs), chan
 
 
-def plan_w8a8(config, weights, calib, seq, progress):
-    names = linear_names(config)
-    chan, _ = calibrate(config, weights, calib, seq, None, progress)
+def plan_w8a8(config, weights, cal):
+    _, chan, _ = cal
     qs, inputs = {}, {}
-    for n in names:
+    for n in linear_names(config):
         keep = outliers(chan[n])
         rest = np.delete(chan[n], keep)
         w = weights[n + ".weight"].copy()
@@ -121,11 +128,13 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
     return report
 
 
-def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq: int, progress=None):
-    """Calibrate on `calib`, quantize, and publish the folder at `out`: (folder, plan, channel ranges)."""
+def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq: int, progress=None, cal=None):
+    """Calibrate on `calib` (or take `cal`, a `calibration` of it), quantize, and publish the
+    folder at `out`: (folder, plan, channel ranges)."""
     from ..train.export import _publish
 
-    qs, plan, chan = (plan_w8a8 if scheme == "w8a8" else plan_w8)(config, weights, calib, seq, progress)
+    cal = cal or calibration(config, weights, calib, seq, progress, w8=scheme == "w8")
+    qs, plan, chan = (plan_w8a8 if scheme == "w8a8" else plan_w8)(config, weights, cal)
     tensors = pack(config, weights, qs, plan)
     cfg = {**config.to_dict(), "torch_dtype": "float32",
            "quantization_config": {"quant_method": METHOD, "scheme": scheme, "bits": 8,
