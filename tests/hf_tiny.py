@@ -61,12 +61,12 @@ def make_hf(kind: str, folder: Path, seed: int = 0):
 WORDS = ["[UNK]", "<s>", "</s>"] + [f"w{i}" for i in range(3, 96)]  # id i is word "w{i}"
 
 
-def make_word_model(folder: Path, seed: int = 21):
-    """A tiny HF Llama (GQA) in `folder` with a word-level tokenizer.json whose ids are the
-    model's (`WORDS`); returns the HF model."""
+def make_word_model(folder: Path, seed: int = 21, kind: str = "llama-gqa"):
+    """A tiny HF model of `kind` (a Llama with GQA by default) in `folder` with a word-level
+    tokenizer.json whose ids are the model's (`WORDS`); returns the HF model."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    hf = make_hf("llama-gqa", folder, seed=seed)
+    hf = make_hf(kind, folder, seed=seed)
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(folder / "tokenizer.json"))

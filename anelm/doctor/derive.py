@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..chip.profile import STRICT, ChipProfile
 from .harness import Observation
 from .probes_accum import CANCEL, CANCEL_PEAK, LIMIT_PROBES, RUNGS, TINY
+from .probes_int8 import ACCUM, MODES, ROUNDING
 from .probes_io import LADDER, WIDTHS
 from .suite import BUDGET_PROBE
 
@@ -58,6 +59,7 @@ def derive_profile(observations: dict[str, Observation] | list[Observation], bas
     _spatial(out, settle)
     _values(out, settle, anomalies)
     _accumulator(out, settle, anomalies)
+    _int8(out, settle, anomalies)
     unmeasured = sorted(set(_switches()) - set(measured))
     meta = {**(notes or {}), "measured": sorted(measured), "unmeasured": unmeasured}
     if anomalies:
@@ -162,3 +164,13 @@ def _accumulator(out: dict, settle, anomalies: dict) -> None:
         settle("accumulator", votes.pop())
     elif votes:
         anomalies["acc.precision"] = f"{TINY} {out.get(TINY)} but {CANCEL} {out.get(CANCEL)}: they disagree"
+
+
+def _int8(out: dict, settle, anomalies: dict) -> None:
+    """quantize_rounding from the ties probe. The int8 accumulator has no switch (int32 by every
+    source, CONTRACTS §2.9): a limited reading that saturating activations do not explain is odd."""
+    if out.get(ROUNDING) in MODES:
+        settle("quantize_rounding", out[ROUNDING])
+    acc = out.get(ACCUM)
+    if acc is not None and acc != "none" and not (out.get("sem.saturation") == "saturates" and acc.isdigit()):
+        anomalies[ACCUM] = f"{acc}: the int8 path is not an unlimited int32 sum (quantized kernels may overflow)"

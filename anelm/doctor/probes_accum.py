@@ -31,10 +31,10 @@ W_PATH = "@model_path/weights/w.bin"
 SIGN = np.where(np.arange(64) % 2, -1.0, 1.0)  # odd rows (or columns) negative: -inf is checked too
 
 
-def first_limited_rung(limit: float | None, saturate_above: float | None = None) -> str:
+def first_limited_rung(limit: float | None, saturate_above: float | None = None, rungs=RUNGS) -> str:
     """The reading a device with this accumulator limit gives: the first rung that is inf.
     Saturating activations (A13/A14: |x| > 4094 is inf) hide the limit below them."""
-    return next((str(int(r)) for r in RUNGS if (limit is not None and r >= limit)
+    return next((str(int(r)) for r in rungs if (limit is not None and r >= limit)
                  or (saturate_above is not None and r > saturate_above)), "none")
 
 
@@ -50,11 +50,11 @@ def _matmul(h: Harness, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return f64(got)
 
 
-def _read_ladder(got: np.ndarray, rung_of: np.ndarray, sign: np.ndarray) -> Observation:
-    """got: results whose exact value is sign · RUNGS[rung_of]. The reading is the first rung
+def read_ladder(got: np.ndarray, rung_of: np.ndarray, sign: np.ndarray, rungs=RUNGS) -> Observation:
+    """got: results whose exact value is sign · rungs[rung_of]. The reading is the first rung
     that came out inf with the right sign; every smaller rung exact, every larger inf too."""
     states = []
-    for i, r in enumerate(RUNGS):
+    for i, r in enumerate(rungs):
         sel = rung_of == i
         g, ref = got[sel], sign[sel] * r
         if rel_err(g, ref) <= ELEMENTWISE:
@@ -67,9 +67,9 @@ def _read_ladder(got: np.ndarray, rung_of: np.ndarray, sign: np.ndarray) -> Obse
     if "inf" in states and "finite" in states[states.index("inf"):]:
         return Observation("", "wrong-result", detail=f"inf and finite rungs interleave: {states}")
     if "inf" not in states:
-        return Observation("", "ok", "none", detail=f"every result up to {RUNGS[-1]:g} is finite")
-    first = RUNGS[states.index("inf")]
-    below = RUNGS[states.index("inf") - 1] if states.index("inf") else 0.0
+        return Observation("", "ok", "none", detail=f"every result up to {rungs[-1]:g} is finite")
+    first = rungs[states.index("inf")]
+    below = rungs[states.index("inf") - 1] if states.index("inf") else 0.0
     return Observation("", "ok", str(int(first)), detail=f"{below:g} passes, {first:g} is inf")
 
 
@@ -82,7 +82,7 @@ def _limit_conv(h: Harness) -> Observation:
     (got,) = h.run(program([("x", "fp16", X)], body, ["y"]), [x], [("fp16", X)],
                    weights={W_PATH: blob(w.astype(np.float16))[0]})
     shape = np.broadcast_shapes(X)
-    return _read_ladder(f64(got), np.broadcast_to(rung_of[None, :, None, None], shape),
+    return read_ladder(f64(got), np.broadcast_to(rung_of[None, :, None, None], shape),
                         np.broadcast_to(np.resize(SIGN, 384), shape))
 
 
@@ -92,7 +92,7 @@ def _limit_matmul(h: Harness) -> Observation:
     x[0, 0, :, :2] = 128.0 * SIGN[:, None]
     w[0, 0, :2, :] = np.array(RUNGS)[rung_of] / 256  # two products of rung/2 each: every product finite
     got = _matmul(h, x, w)
-    return _read_ladder(got, np.broadcast_to(rung_of, M), np.broadcast_to(SIGN[:, None], M))
+    return read_ladder(got, np.broadcast_to(rung_of, M), np.broadcast_to(SIGN[:, None], M))
 
 
 def _cancel(h: Harness) -> Observation:

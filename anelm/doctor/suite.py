@@ -21,6 +21,7 @@ from ..chip.profile import ChipProfile
 from .harness import ELEMENTWISE, Harness, Observation, Probe, f64, rel_err, run_probe
 from .milgen import const, op, program
 from .probes_accum import accumulator_probes
+from .probes_int8 import int8_probes
 from .probes_io import io_probes
 from .probes_kernels import kernel_probes
 from .probes_ops import X, expect_ops, op_probes
@@ -70,7 +71,7 @@ def budget_probe(limit: int = BUDGET_LIMIT) -> Probe:
 
 
 def all_probes(budget: bool = False, budget_limit: int = BUDGET_LIMIT) -> list[Probe]:
-    probes = op_probes() + io_probes() + semantic_probes() + accumulator_probes() + kernel_probes()
+    probes = op_probes() + io_probes() + semantic_probes() + accumulator_probes() + int8_probes() + kernel_probes()
     return probes + [budget_probe(budget_limit)] if budget else probes
 
 
@@ -84,7 +85,7 @@ def select(names: list[str] | None, budget: bool = False, budget_limit: int = BU
         from ..errors import UsageError  # noqa: PLC0415
 
         raise UsageError(f"--probe {' '.join(names)}: no such probe; expected a name or prefix such as "
-                         "'op.', 'bind.', 'io.', 'sem.', 'acc.', 'kernel.'")
+                         "'op.', 'bind.', 'io.', 'sem.', 'acc.', 'int8.', 'kernel.'")
     return picked
 
 

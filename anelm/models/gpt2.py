@@ -67,6 +67,11 @@ class Model(CausalLM):
     def _lin(self, name: str, x: np.ndarray) -> np.ndarray:
         return linear(x, self.weights[name + ".weight"], self.weights[name + ".bias"])
 
+    def project(self, i: int, name: str, x: np.ndarray) -> np.ndarray:
+        """Layer i's projection `name` (attn.c_attn ...): every one goes through here, as in
+        llama.py, so that anelm.quant.calibrate can watch their inputs."""
+        return self._lin(f"transformer.h.{i}.{name}", x)
+
     def _ln(self, name: str, x: np.ndarray) -> np.ndarray:
         return layer_norm(x, self.weights[name + ".weight"], self.weights[name + ".bias"],
                           self.config.layer_norm_epsilon)
@@ -76,7 +81,7 @@ class Model(CausalLM):
 
     def qkv(self, i: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Normed hidden [T, C] -> q, k, v each [H, T, hd]."""
-        q, k, v = np.split(self._lin(f"transformer.h.{i}.attn.c_attn", h), 3, axis=-1)  # 3 x [T, C]
+        q, k, v = np.split(self.project(i, "attn.c_attn", h), 3, axis=-1)  # 3 x [T, C]
         n = self.config.n_head
         return split_heads(q, n), split_heads(k, n), split_heads(v, n)
 
@@ -85,11 +90,10 @@ class Model(CausalLM):
         scale = self.base_scale / (i + 1) if self.config.scale_attn_by_inverse_layer_idx else self.base_scale
         start = cache.length
         k_all, v_all = cache.store(i, k, v)
-        return self._lin(f"transformer.h.{i}.attn.c_proj", attention(q, k_all, v_all, start, scale))
+        return self.project(i, "attn.c_proj", attention(q, k_all, v_all, start, scale))
 
     def mlp(self, i: int, h: np.ndarray) -> np.ndarray:
-        p = f"transformer.h.{i}.mlp."
-        return self._lin(p + "c_proj", gelu_tanh(self._lin(p + "c_fc", h)))
+        return self.project(i, "mlp.c_proj", gelu_tanh(self.project(i, "mlp.c_fc", h)))
 
     def block(self, i: int, x: np.ndarray, pos: np.ndarray, cache) -> np.ndarray:
         p = f"transformer.h.{i}."

@@ -2,8 +2,9 @@
 
 The CPU model's `project(i, name, x)` is every projection's one entry point, so wrapping it
 on an instance sees each linear's input x [T, in] as the int8 kernels see it (after the norm
-gain, `fold.py`): per input channel the largest |x|, and, for W8, per output row the largest
-unscaled int8 sum |x·qᵀ| the accumulator will hold.
+gain; without GPT-2's LayerNorm shift, which the kernels fold into the bias: `fold.py`): per
+input channel the largest |x|, and, for W8, per output row the largest unscaled int8 sum
+|x·qᵀ| the accumulator will hold.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..models.loading import build_model
+from .fold import layer_prefix, norm_shifts
 
 
 def calibrate(config, weights: dict[str, np.ndarray], ids: Sequence[int], seq_len: int,
@@ -21,21 +23,22 @@ def calibrate(config, weights: dict[str, np.ndarray], ids: Sequence[int], seq_le
               ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """({linear: channel max|x| [in]}, {linear: max unscaled sum}) over windows of `ids`.
 
-    Linears are named `model.layers.{i}.{name}`; `ints` gives the int8 matrices whose sums
+    Linears have their HF names (fold.linear_names); `ints` gives the int8 matrices whose sums
     are measured (none: only the channel ranges)."""
     from tqdm import tqdm
 
     model = build_model(config, weights)
     chan: dict[str, np.ndarray] = {}
     sums: dict[str, float] = {}
-    plain = model.project
+    plain, shifts = model.project, norm_shifts(config, weights)
 
     def project(i: int, name: str, x: np.ndarray) -> np.ndarray:
-        key = f"model.layers.{i}.{name}"
-        m = np.abs(x).max(axis=0)
+        key = layer_prefix(config.model_type, i) + name
+        seen = x - shifts[key] if key in shifts else x
+        m = np.abs(seen).max(axis=0)
         chan[key] = m if key not in chan else np.maximum(chan[key], m)
         if ints is not None and key in ints:
-            peak = float(np.abs(x @ ints[key].T.astype(np.float32)).max())
+            peak = float(np.abs(seen @ ints[key].T.astype(np.float32)).max())
             sums[key] = max(sums.get(key, 0.0), peak)
         return plain(i, name, x)
 

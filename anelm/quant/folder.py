@@ -3,7 +3,8 @@
     DIR/config.json                the source config + "quantization_config": {"quant_method":
                                    "anelm", "scheme": "w8"|"w8a8", "bits": 8, ...}
     DIR/tokenizer.json ...         the source's tokenizer
-    DIR/model.safetensors          per linear P (HF name, e.g. model.layers.0.self_attn.q_proj):
+    DIR/model.safetensors          per linear P (HF name: model.layers.0.self_attn.q_proj,
+                                   transformer.h.0.attn.c_attn):
         P.weight            I8  [out, in]  symmetric per row, zero point 0
         P.weight_scale      F32 [out]      the weight is P.weight · P.weight_scale[:, None]
         P.input_shift       F32 []         W8: the input is divided by it before the int8 sum
@@ -27,13 +28,10 @@ import numpy as np
 
 from ..models.errors import InputError
 from .core import InputQuant, dequantize_rows, kernel_layer
-from .fold import layer_prefix, unfolded_params
+from .fold import KERNEL_LINEARS, layer_prefix, linear_names, unfolded_params
 
 METHOD = "anelm"
 SCHEMES = ("w8", "w8a8")
-# kernel linear (kernels/prefill.layer_params) -> the HF linears it is made of
-KERNEL_LINEARS = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
-                  "gate": ("mlp.gate_proj",), "up": ("mlp.up_proj",), "down": ("mlp.down_proj",)}
 
 
 def quant_config(path: Path) -> dict | None:
@@ -69,19 +67,15 @@ class QuantPlan:
     def kernel_layer(self, i: int, shape, layer: dict[str, np.ndarray]) -> dict:
         """Layer i's kernel params (`layer_params` form, HF names inside the layer in `layer`)
         with its linears as QLinear (quant.core) and the norm gains on their inputs."""
-        pre = layer_prefix(i)
+        fam = "gpt2" if shape.gpt2 else "llama"
+        pre = layer_prefix(fam, i)
         per = {}
-        for k, parts in KERNEL_LINEARS.items():
+        for k, parts in KERNEL_LINEARS[fam].items():
             first = self.inputs[pre + parts[0]]  # one input: one scale and one set of outliers
             shift = max(self.inputs[pre + n].shift for n in parts)  # one conv: one shift
             per[k] = InputQuant(shift, first.act_scale, first.keep)
         p, gains = unfolded_params(shape, layer)
         return kernel_layer(p, per, gains)
-
-
-def linear_names(config) -> list[str]:
-    return [layer_prefix(i) + n for i in range(config.num_hidden_layers)
-            for parts in KERNEL_LINEARS.values() for n in parts]
 
 
 def pack(config, weights: dict[str, np.ndarray], qs: dict, plan: QuantPlan) -> dict[str, np.ndarray]:
@@ -102,7 +96,7 @@ def pack(config, weights: dict[str, np.ndarray], qs: dict, plan: QuantPlan) -> d
 
 
 def unpack(raw: dict[str, np.ndarray], config, scheme: str, source: str) -> tuple[dict, QuantPlan]:
-    """model.safetensors' tensors -> (float32 weights under HF names, QuantPlan)."""
+    """model.safetensors' tensors -> (float32 weights as an HF checkpoint holds them, QuantPlan)."""
     out = {k: v for k, v in raw.items() if not k.endswith((".weight_scale", ".input_shift", ".input_scale",
                                                          ".outlier_channels", ".outlier_weight"))}
     inputs = {}
@@ -123,7 +117,11 @@ def unpack(raw: dict[str, np.ndarray], config, scheme: str, source: str) -> tupl
                                   None if act is None else float(act), keep)
     if scheme == "w8a8" and any(iq.act_scale is None for iq in inputs.values()):
         raise InputError(f"{source}: scheme w8a8 but some linears have no input_scale")
-    return out, QuantPlan(scheme, inputs)
+    from ..models.loading import architecture  # noqa: PLC0415 - loading reads folders through here
+
+    # the folder holds every linear [out, in], ours; the reader sanitizes from the checkpoint's
+    # orientation (GPT-2's Conv1D [in, out]), as for any HF folder
+    return architecture(config.model_type).unsanitize(out, config), QuantPlan(scheme, inputs)
 
 
 def scheme_of(qc: dict, source: str) -> str:

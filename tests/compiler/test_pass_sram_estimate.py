@@ -39,3 +39,27 @@ def test_large_working_set_warns_and_records():
         run_pass("sram_estimate", g)
     assert g.meta["sram"]["estimate_bytes"] > SRAM_BYTES
     assert f"exceeds the measured {SRAM_BYTES / 1e6:.2f} MB threshold" in g.meta["warnings"][0]
+
+
+def test_int8_weights_count_once_at_one_byte():
+    """A constexpr_affine_dequantize weight is resident as its int8 blob (plus its scales); the
+    fp16 tensor it yields is derived when compiled, so the same matrix in int8 counts about half
+    its fp16 twin, and not the int8 blob on top of the fp16 size."""
+    out_c, in_c = 64, 96
+    w = np.random.default_rng(0).integers(-127, 128, (out_c, in_c)).astype(np.int8)
+    sizes = {}
+    for kind in ("fp16", "int8"):
+        b = GraphBuilder(kind)
+        x = b.input("x", [1, in_c, 1, 16])
+        if kind == "fp16":
+            y = b.linear(x, w.astype(np.float16), name="lin")
+        else:
+            wq = b.constexpr_affine_dequantize(w.reshape(out_c, in_c, 1, 1), np.ones(out_c, np.float16), 0, axis=0)
+            y = b.conv(x, wq, name="lin")
+        b.output("y", y)
+        g = b.build()
+        run_pass("sram_estimate", g)
+        sizes[kind] = g.meta["sram"]["weights_bytes"]
+    assert sizes["fp16"] == 2 * out_c * in_c
+    # int8 data, fp16 row scales [out] and an int8 zero point
+    assert out_c * in_c <= sizes["int8"] <= out_c * in_c + 2 * out_c + 8

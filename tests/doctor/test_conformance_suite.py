@@ -63,8 +63,7 @@ def test_emulator_agrees_with_every_reference_under_strict(strict_run):
 def test_derived_profile_equals_strict(strict_run):
     derived = derive_profile(strict_run)
     assert switches(derived) == switches(STRICT)
-    # compile_budget is measured only in a child process; quantize_rounding has no probe yet
-    assert derived.notes["unmeasured"] == ["compile_budget", "quantize_rounding"]
+    assert derived.notes["unmeasured"] == ["compile_budget"]  # measured only in a child process
 
 
 @pytest.mark.parametrize("profile", [LOOSE, PEER], ids=lambda p: p.name)
@@ -84,8 +83,9 @@ def test_compile_rejects_fire_for_the_intended_reason(strict_run):
 
 
 @pytest.mark.parametrize("profile", [STRICT, LOOSE, PEER, STRICT.replace(spatial_multiple_of=8, compile_budget=7),
-                                     STRICT.replace(compute_dtype="fp32", single_input_only=False)],
-                         ids=["strict", "loose", "peer", "spatial8", "fp32"])
+                                     STRICT.replace(compute_dtype="fp32", single_input_only=False),
+                                     STRICT.replace(quantize_rounding="half_away")],
+                         ids=["strict", "loose", "peer", "spatial8", "fp32", "half_away"])
 def test_derive_inverts_every_prediction(profile):
     probes = all_probes(budget=True, budget_limit=profile.compile_budget)  # a limit the profile's budget reaches
     predicted = {p.name: Observation(p.name, *_as_status(p.expect(profile))) for p in probes}

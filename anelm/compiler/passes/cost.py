@@ -29,6 +29,7 @@ import numpy as np
 from ...chip.profile import STRICT, ChipProfile
 from ...ir.graph import Graph, Node
 from ..registry import register_pass
+from .validate import resident_weight_bytes
 
 FREE_OPS = {"const", "reshape", "slice_by_size", "slice_by_index", "transpose", "identity", "cast",
             "constexpr_affine_dequantize"}
@@ -128,7 +129,7 @@ def cost_annotate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
     graph.meta["cost"] = {
         "flops": flops_by_unit(graph),
         "ops": heavy_ops(graph),
-        "weight_bytes": sum(n.out.type.nbytes for n in graph.nodes if n.is_const),
+        "weight_bytes": resident_weight_bytes(graph),
         "io_bytes": int(io),
         "working_set_bytes": int((graph.meta.get("sram") or {}).get("estimate_bytes", 0)),
         "vector_elements": vector_elements(graph),

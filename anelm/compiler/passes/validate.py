@@ -100,7 +100,7 @@ def sram_estimate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
     Past SRAM_BYTES (the measured working-set threshold, anelm/data/ane_chips.json) time per
     FLOP climbs, about 30 % (peer-facts 4.6, 4.9): a warning, recorded in meta["warnings"].
     """
-    weights = sum(n.out.type.nbytes for n in graph.nodes if _is_weight(n))
+    weights = resident_weight_bytes(graph)
     acts = _peak_live_bytes(graph)
     est = {"weights_bytes": weights, "activation_bytes": acts, "estimate_bytes": weights + acts,
            "limit_bytes": SRAM_BYTES}
@@ -115,6 +115,14 @@ def sram_estimate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
         warnings.warn(f"a program's SRAM working set exceeds the measured {SRAM_BYTES / 1e6:.3g} MB threshold; "
                       "expect such programs to run slower (each program's estimate is in its meta)", stacklevel=2)
     return None
+
+
+def resident_weight_bytes(graph: Graph) -> int:
+    """Bytes of the consts as stored: an int8 blob at one byte an element. A `constexpr_*`
+    result (the fp16 weight `constexpr_affine_dequantize` makes of an int8 blob) is not counted
+    on top: it is derived from consts already counted, and counting both made an int8 program's
+    weights 1.5x its fp16 twin's instead of half."""
+    return sum(n.out.type.nbytes for n in graph.nodes if n.is_const)
 
 
 def _is_weight(n: Node) -> bool:
