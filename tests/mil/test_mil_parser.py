@@ -1,6 +1,5 @@
 """The MIL parser: both dialects of CONTRACTS §3, exact error positions, and print/parse round trips."""
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -252,7 +251,7 @@ def test_conformance_round_trip_is_a_fixed_point():
         assert print_program(parse(text)) == text
 
 
-def test_two_thousand_statements_parse_in_well_under_a_second():
+def test_two_thousand_statements_parse_and_print_back():
     lines = ["program(1.3)", "{", "    func main<ios18>(tensor<fp16, [1, 64, 1, 32]> x0) {"]
     for i in range(1, 401):
         lines += [f'        int32 ax{i} = const()[name = string("ax{i}"), val = int32(1)];',
@@ -261,21 +260,16 @@ def test_two_thousand_statements_parse_in_well_under_a_second():
                   f'        tensor<int32, [4]> pm{i} = const()[name = string("pm{i}"), val = tensor<int32, [4]>([0, 1, 3, 2])];',
                   f'        tensor<fp16, [1, 64, 1, 32]> x{i} = add(x = s{i}, y = x{i - 1})[name = string("x{i}")];']
     text = "\n".join(lines + ["    } -> (x400);", "}", ""])
-    parse(text)  # the grammar is compiled once per process; time the parse alone
-    start = time.process_time()
-    prog = parse(text)
-    assert time.process_time() - start < 1.0
+    prog = parse(text)  # its speed is benchmarks/bench_compiler.py's to measure, not a test's
     assert len(prog.main.body) == 2000 and print_program(prog) == text
 
 
-def test_large_inline_mask_round_trips_quickly():
+def test_large_inline_mask_round_trips():
     mask = np.triu(np.full((1, 1, 256, 256), -65504.0, np.float16), 1)
     val = Literal(TensorType("fp16", mask.shape), mask)
     body = [Statement([(val.type, "cm")], "const", {}, {"name": Literal(TensorType("string"), "cm"), "val": val})]
     text = print_program(Program("1.3", None, {"main": Function("main", "ios18", [], body, ["cm"])}))
-    start = time.process_time()
     got = parse(text).main.body[0].attrs["val"].value
-    assert time.process_time() - start < 1.0
     assert got.dtype == np.float16 and same_values(got, mask)
 
 

@@ -13,10 +13,8 @@ from anelm.train.errors import DataError
 
 # ------------------------------------------------------------------------------ corpus
 
-def test_corpus_is_deterministic_fast_and_varied():
-    t = time.perf_counter()
+def test_corpus_is_deterministic_and_varied():
     a = generate_corpus(300_000, seed=1)
-    assert time.perf_counter() - t < 1.0
     assert a == generate_corpus(300_000, seed=1) and a != generate_corpus(300_000, seed=2)
     assert 300_000 <= len(a) < 302_000
     stories = a.strip().split(SEPARATOR)
