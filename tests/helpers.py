@@ -22,6 +22,16 @@ GRAD_TOL = 5e-2         # gradients against PyTorch autograd in fp32 ...
 GRAD_COSINE = 0.999     # ... with at least this cosine similarity
 
 
+TIE_MARGIN = 0.05       # greedy choices may differ where HF's top-2 margin is under this x max|logit|
+
+
+def decisive(logits) -> bool:
+    """CONTRACTS §6's tie rule: HF's top-2 logit margin is at least TIE_MARGIN of max|logit|,
+    so a different choice there is a real disagreement."""
+    top2 = np.sort(np.asarray(logits, np.float64))[-2:]
+    return bool(top2[1] - top2[0] >= TIE_MARGIN * np.abs(logits).max())
+
+
 def rel_err(got, ref) -> float:
     """CONTRACTS §6: max|got − ref| / max|ref|, in float64."""
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)

@@ -77,3 +77,19 @@ def hf_logits(model, ids) -> np.ndarray:
     with torch.no_grad():
         return model(torch.tensor([list(ids)])).logits[0].numpy()
 
+
+def hf_windows(model, ids, seq: int) -> tuple[float, list[np.ndarray]]:
+    """HF's fixed-window scoring, the oracle of `anelm perplexity`: consecutive windows of `seq`
+    ids (a last one under 2 dropped), each from scratch. Returns (mean nll in nats, by torch's
+    float64 cross-entropy; each window's logits at every position but its last)."""
+    rows, nll, n = [], 0.0, 0
+    for w in (list(ids[i:i + seq]) for i in range(0, len(ids), seq)):
+        if len(w) < 2:
+            continue
+        logits = hf_logits(model, w)[:-1]
+        nll += float(torch.nn.functional.cross_entropy(torch.from_numpy(logits).double(),
+                                                       torch.tensor(w[1:]), reduction="sum"))
+        rows.append(logits)
+        n += len(w) - 1
+    return nll / n, rows
+

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import hf_tiny
-from helpers import rel_err
+from helpers import decisive, rel_err
 
 torch = hf_tiny.torch
 
@@ -66,8 +66,7 @@ def greedy_run(runner, prompt, n):
 
 def check_choice(theirs: np.ndarray, tok: int, step: int) -> bool:
     """Our token against HF's greedy choice under the tie rule; True when HF's was decisive."""
-    top2 = np.sort(theirs)[-2:]
-    if (top2[1] - top2[0]) / np.abs(theirs).max() < 0.05:
+    if not decisive(theirs):
         return False  # a near-tie: either choice is HF-consistent (CONTRACTS §6)
     assert tok == int(np.argmax(theirs)), f"step {step}: chose {tok}, HF {int(np.argmax(theirs))}"
     return True

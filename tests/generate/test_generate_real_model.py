@@ -19,7 +19,9 @@ torch = pytest.importorskip("torch")
 
 from anelm.device.emulator import Emulator  # noqa: E402
 from anelm.chip.profile import STRICT  # noqa: E402
-from anelm.generate.perplexity import perplexity, token_nll  # noqa: E402
+from anelm.generate.perplexity import perplexity  # noqa: E402
+from hf_tiny import hf_logits, hf_windows  # noqa: E402
+from helpers import decisive  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 
 AGREEMENT, PPL_RATIO = 0.985, 0.01  # CONTRACTS §6, real models
@@ -35,11 +37,6 @@ def runner(smollm):
     r.close()
 
 
-def hf_logits(model, ids) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([list(ids)])).logits[0].numpy()
-
-
 def test_the_stream_is_scaled_for_the_models_range(runner):
     assert runner.stream_scale == 8.0  # peak 27,056 -> 3,382 inside the kernels
 
@@ -51,14 +48,9 @@ def test_perplexity_and_choices_on_prose_match_hf(runner, smollm, smollm_hf, smo
     text = prose.read_text(encoding="utf-8")
     ids = tok.encode(text)[:2 * CONTEXT]
     score = perplexity(runner, ids, CONTEXT, progress=False)
-    ref_nll, ref_argmax = 0.0, []
-    for w in range(0, len(ids), CONTEXT):
-        window = ids[w:w + CONTEXT]
-        ref = hf_logits(model, window)[:-1]
-        ref_nll += float(token_nll(ref, np.asarray(window[1:])).sum())
-        ref_argmax += ref.argmax(axis=1).tolist()
-    agree = float(np.mean(np.asarray(score.argmax) == np.asarray(ref_argmax)))
-    ratio = score.ppl / np.exp(ref_nll / score.predictions)
+    ref_nll, rows = hf_windows(model, ids, CONTEXT)
+    agree = float(np.mean(np.asarray(score.argmax) == np.concatenate(rows).argmax(axis=1)))
+    ratio = score.ppl / np.exp(ref_nll)
     assert score.predictions == 2 * CONTEXT - 2
     assert agree >= AGREEMENT, f"argmax agreement {agree:.4f}"
     assert abs(ratio - 1) <= PPL_RATIO, f"perplexity ratio {ratio:.5f}"
@@ -77,13 +69,12 @@ def test_greedy_generation_follows_hf(runner, smollm, smollm_hf, prompt, capsys)
         logits = runner.decode(tokens[-1], cache)
     ref = hf_logits(model, ids + tokens)[len(ids) - 1:-1]
     # HF runs teacher-forced on our tokens, so every step is judged on the same prefix
-    decisive = 0
+    steps = 0
     for step, (mine, theirs) in enumerate(zip(tokens, ref)):
-        top2 = np.sort(theirs)[-2:]
-        if (top2[1] - top2[0]) / np.abs(theirs).max() >= 0.05:
-            decisive += 1
+        if decisive(theirs):
+            steps += 1
             assert mine == int(np.argmax(theirs)), f"{prompt!r} step {step}: {tok.decode(tokens[:step + 1])!r}"
-    assert decisive >= 8, f"only {decisive} of 24 steps were decisive: the check is nearly vacuous"
+    assert steps >= 8, f"only {steps} of 24 steps were decisive: the check is nearly vacuous"
     assert "fp16 overflow" not in capsys.readouterr().err
 
 
