@@ -21,8 +21,6 @@ CONSTANTS = ("conv_fp16_flops", "int8_ops", "matmul_flops", "dispatch_s", "worki
              "cpu_vector_bytes_per_s", "cpu_dram_bytes_per_s", "ane_transcendental_per_s",
              "ane_softmax_per_s", "ane_reduce_per_s", "cpu_exp_s")
 RMSNORM_BYTES_PER_ELEMENT = 32  # fp32: forward reads x twice, writes y; backward reads 4, writes dx
-SME_PEAK_M4 = 2.3e12            # Hello SME (arXiv:2409.18779): register-only FP32 FMA rate
-AMX_LOAD_BOUND_SHARE = 640 / 1475  # M1: sgemm with loads (610-680 GFLOPS) over load-free (1475)
 
 
 @dataclass(frozen=True)
@@ -95,6 +93,12 @@ def _vector_rate(fig: dict, chip: Chip) -> float:
     return p["rows"] * p["cols"] / (fig["published"] * 1e-3 - chip.dispatch_s)
 
 
+def _cpu_gemm_rate(fig: dict, chip: Chip) -> float:
+    """FLOP/s of one fp32 n×n×n GEMM call on the CPU (its matrix units, as BLAS spreads it)."""
+    n = fig["program"]["n"]
+    return 2 * n ** 3 / (fig["published"] * 1e-3)
+
+
 def _cpu_exp(fig: dict, chip: Chip) -> float:
     """Seconds per element of a CPU pass that takes an exp (a softmax row's work)."""
     p = fig["program"]
@@ -110,6 +114,7 @@ FIT_RULES = {
     "ane_softmax_per_s": _vector_rate,
     "ane_reduce_per_s": _vector_rate,
     "cpu_exp_s": _cpu_exp,
+    "cpu_sgemm_flops": _cpu_gemm_rate,
 }
 
 
@@ -119,8 +124,5 @@ def refit(key: str) -> dict[str, float]:
     for const, spec in entry.items():
         if not isinstance(spec, dict) or "fitted_on" not in spec:
             continue
-        if const == "cpu_sgemm_flops":
-            out[const] = SME_PEAK_M4 * AMX_LOAD_BOUND_SHARE
-        else:
-            out[const] = FIT_RULES[const](figure(spec["fitted_on"]), chip)
+        out[const] = FIT_RULES[const](figure(spec["fitted_on"]), chip)
     return out

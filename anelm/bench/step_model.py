@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..train.cpu_ops import matmul_flops
 from .chips import RMSNORM_BYTES_PER_ELEMENT, Chip
 from .cost import eval_time
-from .programs import maderix_kernels, train_kernels
+from .programs import maderix_kernels, static_reference_kernels, train_kernels
 
 F32, IO_BYTES = 4, 6          # fp32 bytes; a host<->surface element: fp32 side + fp16 side
 RMS_FWD = 12                  # of RMSNORM_BYTES_PER_ELEMENT: the forward's share (read 2, write 1)
@@ -44,11 +44,17 @@ class StepSpec:
     qk_norm: bool | None = None          # None: from the config (Qwen3 has q/k norms)
     count_recompile: bool = True         # static: charge the per-update recompiles to the step
     # CPU work that differs between programs (ours: all True; maderix: RoPE forward in the
-    # kernel, no clamps, dW accumulated by the sgemm itself)
-    kernels: str = "anelm"               # "maderix": its ten programs as they are (bench/maderix.py)
+    # kernel, no clamps, dW accumulated by the sgemm itself; its static pipeline and Orion: no
+    # RoPE at all, the forward norms and the SwiGLU backward inside the programs)
+    kernels: str = "anelm"               # "maderix": its ten dynamic programs (bench/maderix.py);
+                                         # "static-reference": the six baked ones (maderix_static.py)
     cpu_rope_forward: bool = True
     clamp_inputs: bool = True
     accumulate_pass: bool = True
+    rope: bool = True                    # False: the program has no rotary embedding anywhere
+    cpu_norm_forward: bool = True
+    cpu_swiglu_backward: bool = True
+    uniform_outputs: bool = False        # Orion: every output surface as large as the largest
 
     @property
     def dims(self):
@@ -76,7 +82,9 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     vec = chip.cpu_vector_bytes_per_s
     kernels, dev = [], {"forward": 0.0, "backward": 0.0}
     io = {"forward": 0.0, "backward": 0.0}
-    ks = maderix_kernels(m, layers) if spec.kernels == "maderix" else train_kernels(m, spec.pipeline)
+    ks = {"maderix": lambda: maderix_kernels(m, layers),
+          "static-reference": lambda: static_reference_kernels(m, spec.uniform_outputs)}.get(
+        spec.kernels, lambda: train_kernels(m, spec.pipeline))()
     for k in ks:
         t = eval_time(k.cost, chip)
         side = "forward" if k.forward else "backward"
@@ -87,15 +95,15 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
                         "working_set_bytes": k.cost.working_set_bytes, "spilled_flops": t.spilled_flops,
                         "_weights": k.weight_elements})
     qkv = m.q + m.kv
-    rms_fwd = layers * 2 * RMS_FWD * m.d * n / vec
+    rms_fwd = layers * 2 * RMS_FWD * m.d * n / vec if spec.cpu_norm_forward else 0.0
     rms_bwd = layers * 2 * (RMSNORM_BYTES_PER_ELEMENT - RMS_FWD) * m.d * n / vec
     # SwiGLU backward: one loop over H·N reading dgate, h1, h3 and writing dh1, dh3, with one
     # exp per element (σ(h1)); the exp pass costs what the chip's CPU softmax costs per element
-    swiglu = layers * max(20 * m.f * n / vec, m.f * n * chip.cpu_exp_s)
+    swiglu = layers * max(20 * m.f * n / vec, m.f * n * chip.cpu_exp_s) if spec.cpu_swiglu_backward else 0.0
     # residual adds, RoPE (reads cos/sin), fp16 clamps of what enters a surface, q/k norms
-    other_fwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.cpu_rope_forward else 0)
+    other_fwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.cpu_rope_forward and spec.rope else 0)
                               + (8 * (2 * m.d + qkv) if spec.clamp_inputs else 0) + (12 * qkv if qk else 0)) / vec
-    other_bwd = layers * n * (2 * 12 * m.d + 16 * qkv + (20 * qkv if qk else 0)) / vec
+    other_bwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.rope else 0) + (20 * qkv if qk else 0)) / vec
     # final norm and embedding gather as bytes; the cross-entropy's softmax over the vocabulary
     # as the chip's CPU softmax per element
     head_vec = (RMSNORM_BYTES_PER_ELEMENT * m.d + 16 * m.d) * n / vec + vocab * n * chip.cpu_exp_s
