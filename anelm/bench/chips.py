@@ -20,7 +20,9 @@ CONSTANTS = ("conv_fp16_flops", "int8_ops", "matmul_flops", "dispatch_s", "worki
              "spill_slowdown", "ane_bytes_per_s", "compile_s", "cpu_sgemm_flops",
              "cpu_vector_bytes_per_s", "cpu_dram_bytes_per_s", "ane_transcendental_per_s",
              "ane_softmax_per_s", "ane_reduce_per_s", "cpu_exp_s")
+OPTIONAL = ("orion_dispatch_s",)  # per-evaluation floor on another runtime's path, where published
 RMSNORM_BYTES_PER_ELEMENT = 32  # fp32: forward reads x twice, writes y; backward reads 4, writes dx
+CPU_STREAM_BYTES_PER_ELEMENT = 8  # ANEForge's CPU streaming pass (relu / x*2): read and write fp32
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,16 @@ def get_chip(key: str | None = None) -> Chip:
     entry = chips[key]
     missing = [c for c in CONSTANTS if c not in entry]
     assert not missing, f"{DATA_FILE}: chip {key} lacks {missing}"
-    return Chip(key, entry["name"], {c: float(entry[c]["value"]) for c in CONSTANTS},
-                {c: entry[c]["source"] for c in CONSTANTS})
+    consts = [c for c, spec in entry.items() if isinstance(spec, dict)]  # CONSTANTS and OPTIONAL ones
+    return Chip(key, entry["name"], {c: float(entry[c]["value"]) for c in consts},
+                {c: entry[c]["source"] for c in consts})
+
+
+def on_runtime(chip: Chip, runtime: str | None) -> Chip:
+    """`chip` as a program sees it through another runtime's eval path (OPTIONAL `<runtime>_dispatch_s`):
+    Orion builds a request and looks its program cache up on every evaluation."""
+    floor = chip.values.get(f"{runtime}_dispatch_s") if runtime else None
+    return chip if floor is None else Chip(chip.key, chip.name, {**chip.values, "dispatch_s": floor}, chip.sources)
 
 
 def figures() -> list[dict]:
@@ -87,6 +97,17 @@ def _rmsnorm_bandwidth(fig: dict, chip: Chip) -> float:
     return p["norms"] * RMSNORM_BYTES_PER_ELEMENT * p["dim"] * p["tokens"] / (fig["published"] * 1e-3)
 
 
+def _cpu_stream_bandwidth(fig: dict, chip: Chip) -> float:
+    """Bytes per second of a CPU elementwise pass over fp32 (read one, write one)."""
+    p = fig["program"]
+    return CPU_STREAM_BYTES_PER_ELEMENT * p["rows"] * p["cols"] / (fig["published"] * 1e-3)
+
+
+def _eval_floor(fig: dict, chip: Chip) -> float:
+    """Seconds of one evaluation of a program too small to cost anything but its dispatch."""
+    return fig["published"] * 1e-3
+
+
 def _vector_rate(fig: dict, chip: Chip) -> float:
     """Elements per second of a single-op program, past one dispatch."""
     p = fig["program"]
@@ -105,7 +126,8 @@ def _cpu_exp(fig: dict, chip: Chip) -> float:
     return fig["published"] * 1e-3 / (p["rows"] * p["cols"])
 
 
-# constant -> rule(figure named by `fitted_on`, chip) -> value
+# constant -> rule(figure named by `fitted_on`, chip) -> value; cpu_vector_bytes_per_s comes from
+# the vDSP RMSNorm where a chip has one (M4), else from the CPU streaming pass (`rule` names it)
 FIT_RULES = {
     "conv_fp16_flops": _chain_rate,
     "int8_ops": _chain_rate,
@@ -115,6 +137,8 @@ FIT_RULES = {
     "ane_reduce_per_s": _vector_rate,
     "cpu_exp_s": _cpu_exp,
     "cpu_sgemm_flops": _cpu_gemm_rate,
+    "cpu_stream": _cpu_stream_bandwidth,
+    "orion_dispatch_s": _eval_floor,
 }
 
 
@@ -124,5 +148,5 @@ def refit(key: str) -> dict[str, float]:
     for const, spec in entry.items():
         if not isinstance(spec, dict) or "fitted_on" not in spec:
             continue
-        out[const] = FIT_RULES[const](figure(spec["fitted_on"]), chip)
+        out[const] = FIT_RULES[spec.get("rule", const)](figure(spec["fitted_on"]), chip)
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..train.presets import get_preset
-from .chips import RMSNORM_BYTES_PER_ELEMENT, breakdowns, figures, get_chip
+from .chips import CPU_STREAM_BYTES_PER_ELEMENT, RMSNORM_BYTES_PER_ELEMENT, breakdowns, figures, get_chip, on_runtime
 from .cost import eval_time
 from .gen_model import predict_orion_decode
 from .programs import conv_chain, matmul, vector_op
@@ -27,6 +27,7 @@ class Reference:
     spec: StepSpec
     per_micro_step: bool   # the published ms/step is one micro-step, the update amortized over accum
     note: str
+    runtime: str | None = None  # whose eval path dispatches the programs (None: maderix's)
 
 
 def _stories(ctx: int = 256) -> dict:
@@ -65,13 +66,13 @@ REFERENCES: dict[str, Reference] = {
                  uniform_outputs=True, **_BAKED), False,
         "Orion: maderix's six baked programs per layer with multi-output surfaces of one size, "
         "fp16 I/O clamped to +-65504, full-vocab CPU classifier, no RoPE, grad accum 4; train "
-        "ms/step without the weight reload"),
+        "ms/step without the weight reload", runtime="orion"),
 }
 
 
 def predict_reference(name: str, chip_key: str) -> dict:
     ref = REFERENCES[name]
-    out = predict_step(ref.spec, get_chip(chip_key))
+    out = predict_step(ref.spec, on_runtime(get_chip(chip_key), ref.runtime))
     if ref.per_micro_step:
         a = ref.spec.accum
         out["predicted_step_ms"] /= a
@@ -92,6 +93,8 @@ def predict_figure(fig: dict) -> float:
         return eval_time(matmul(p["n"]), chip).total_s * 1e3
     if kind == "vector_op":
         return eval_time(vector_op(p["op"], p["rows"], p["cols"]), chip).total_s * 1e3
+    if kind == "cpu_stream":
+        return CPU_STREAM_BYTES_PER_ELEMENT * p["rows"] * p["cols"] / chip.cpu_vector_bytes_per_s * 1e3
     if kind == "cpu_gemm":
         return 2 * p["n"] ** 3 / chip.cpu_sgemm_flops * 1e3
     if kind == "cpu_softmax":
@@ -101,7 +104,9 @@ def predict_figure(fig: dict) -> float:
     if kind == "train":
         return predict_reference(p["reference"], fig["chip"])["predicted_step_ms"]
     if kind == "decode":
-        return predict_orion_decode(chip) * 1e3
+        return predict_orion_decode(on_runtime(chip, "orion")) * 1e3
+    if kind == "eval_floor":
+        return on_runtime(chip, p["runtime"]).dispatch_s * 1e3
     raise ValueError(f"figure {fig['name']!r}: unknown program type {kind!r}")
 
 
