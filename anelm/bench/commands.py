@@ -189,7 +189,22 @@ def validate_cmd(**_):
     for b in v["breakdown_ranks"]:
         lines.append(f"{b['name']}: published order {', '.join(b['published_order'])}")
         lines.append(f"  predicted order {', '.join(b['predicted_order'])} (Spearman {b['spearman']:.2f})")
+    lines.append(f"held out within ±{100 * AGREEMENT:.0f} %: {sum(_agrees(r) for r in _held(v))} of {len(_held(v))}; "
+                 "notes (what the model does not know, which figures disagree):")
+    lines += [f"- {r['name']} ({100 * r['error']:+.1f} %): {r['note']}" for r in _held(v) if r["note"]]
+    lines += [f"- {b['name']}: {b['note']}" for b in v["breakdown_ranks"] if b["note"]]
     return v, lines, None
+
+
+AGREEMENT = 0.25  # the bar for a held-out end-to-end figure
+
+
+def _held(v: dict) -> list[dict]:
+    return [r for r in v["figures"] if r["kind"] == "end_to_end"]
+
+
+def _agrees(r: dict) -> bool:
+    return abs(r["error"]) <= AGREEMENT
 
 
 BENCHMARKS = {"peak": peak, "sram": sram, "kernels": kernels, "train": train, "generate": generate,

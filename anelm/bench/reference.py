@@ -122,7 +122,8 @@ def validate() -> dict:
         pred = predict_figure(fig)
         rows.append({"name": fig["name"], "source": fig["source"], "chip": fig["chip"], "kind": fig["kind"],
                      "unit": fig["unit"], "published": fig["published"], "predicted": pred,
-                     "error": (pred - fig["published"]) / fig["published"], "fitted": bool(fig["fitted"])})
+                     "error": (pred - fig["published"]) / fig["published"], "fitted": bool(fig["fitted"]),
+                     "note": fig.get("note", "")})
     ranks = []
     for b in breakdowns():
         got = predict_reference(b["reference"], b["chip"])["predicted_breakdown"]
@@ -131,10 +132,10 @@ def validate() -> dict:
         for k in pub:
             rows.append({"name": f"{b['name']}: {k}", "source": b["source"], "chip": b["chip"],
                          "kind": "breakdown", "unit": "ms", "published": pub[k], "predicted": pred[k],
-                         "error": (pred[k] - pub[k]) / pub[k], "fitted": False})
+                         "error": (pred[k] - pub[k]) / pub[k], "fitted": False, "note": ""})
         rp, rq = _ranks(pub), _ranks(pred)
         n = len(pub)
         rho = 1 - 6 * sum((rp[k] - rq[k]) ** 2 for k in pub) / (n * (n * n - 1))
         ranks.append({"name": b["name"], "published_order": sorted(pub, key=rp.get),
-                      "predicted_order": sorted(pub, key=rq.get), "spearman": rho})
+                      "predicted_order": sorted(pub, key=rq.get), "spearman": rho, "note": b.get("note", "")})
     return {"figures": rows, "breakdown_ranks": ranks}
