@@ -56,7 +56,9 @@ def get_chip(key: str | None = None) -> Chip:
     entry = chips[key]
     missing = [c for c in CONSTANTS if c not in entry]
     assert not missing, f"{DATA_FILE}: chip {key} lacks {missing}"
-    consts = [c for c, spec in entry.items() if isinstance(spec, dict)]  # CONSTANTS and OPTIONAL ones
+    consts = [c for c, spec in entry.items() if isinstance(spec, dict)]
+    unknown = [c for c in consts if c not in CONSTANTS + OPTIONAL]
+    assert not unknown, f"{DATA_FILE}: chip {key} has unknown constants {unknown}"
     return Chip(key, entry["name"], {c: float(entry[c]["value"]) for c in consts},
                 {c: entry[c]["source"] for c in consts})
 

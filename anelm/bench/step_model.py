@@ -10,9 +10,13 @@ Per micro-step, as the trainer (anelm/train/step.py) and maderix's dynamic pipel
     update     AdamW over every parameter (dynamic: the new weights restaged into the inputs;
                static: every weighted kernel recompiled), once per step
 
+maderix's static pipeline and Orion (`kernels="static-reference"`) run their six baked programs
+instead, with the forward norms and the SwiGLU backward inside them and no RoPE anywhere; their
+CPU keeps the residuals, the classifier, the norm backwards, dW and the optimizer.
+
 Device time comes from the compiled kernels (cost.py). CPU time comes from the chip's published
 CPU figures: sgemm FLOPs at `cpu_sgemm_flops`, elementwise passes as fp32 bytes at
-`cpu_vector_bytes_per_s` (fitted on a vDSP RMSNorm timing), host I/O as bytes converted
+`cpu_vector_bytes_per_s` (M4: a vDSP RMSNorm timing; other chips: a CPU streaming pass), host I/O as bytes converted
 between the fp32 arrays and the fp16 surfaces at the same rate. Never the host's speed.
 """
 
