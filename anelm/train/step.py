@@ -75,7 +75,7 @@ class DeviceTrainStep:
     """Loss and every parameter gradient of a Llama/Qwen3 model, device + CPU (see module doc)."""
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int,
-                 pipeline: str = "dynamic"):
+                 pipeline: str = "dynamic", lora=None):
         if not isinstance(config, LlamaConfig):
             raise UsageError(f"training needs a Llama or Qwen3 config, got {type(config).__name__}")
         if config.attention_bias or config.mlp_bias:
@@ -89,7 +89,7 @@ class DeviceTrainStep:
         self.qk_norm = config.model_type == "qwen3"
         self.w = _check_weights(config, weights)
         bank = DynamicBank if pipeline == "dynamic" else StaticBank
-        self.bank = bank(self.dims, device, self.w, self.n_layers)
+        self.bank = bank(self.dims, device, self.w, self.n_layers, lora)  # lora: kernels.training.LoraLayout
         self._pool = WorkQueue("anelm-dw")
         self._blas = share_blas_between(2)  # device evals and dW run BLAS concurrently
         # the forward pass may take every core, but for small matrices (the tiny preset) the
@@ -133,19 +133,21 @@ class DeviceTrainStep:
                 loss, dy, grads, (dlog, xf) = self._loss_head(xl, targets, float(loss_scale))
             head = "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight"
             self._dw(jobs, head, dlog, xf)
-            if sink is not None and head == "lm_head.weight":  # tied: the embedding adds to it
+            if sink is not None and head == "lm_head.weight" and head in jobs:  # tied: the embedding adds to it
                 sink.offer({head: jobs[head]})
             for i in reversed(range(self.n_layers)):
                 dy = self._layer_bwd(i, dy, caches[i], grads, jobs)
                 if sink is not None:
                     p = f"model.layers.{i}."
-                    sink.offer({n: v for d in (grads, jobs) for n, v in d.items() if n.startswith(p)})
+                    sink.offer({n: v for d in (grads, jobs) for n, v in d.items()
+                                if n.startswith(p) and self._keep(n)})
             t_wait = time.perf_counter()
             self._pool.help_until_done(list(jobs.values()))
             t_wait = time.perf_counter() - t_wait
             grads.update({n: j.result() for n, j in jobs.items()})
             self._t["dw"] = sum(j.seconds for j in jobs.values())
             self._embed_bwd(dy, ids, grads)
+            grads = {n: g for n, g in grads.items() if self._keep(n)}
             stats = {}
             if sink is not None:
                 grads = sink.finish(grads)
@@ -212,6 +214,10 @@ class DeviceTrainStep:
         self._flops += self.bank.flops[kind] * self._batch
         self._t["device"] += time.perf_counter() - t0
         return out
+
+    def _keep(self, name: str) -> bool:
+        """Whether gradient `name` is returned: every weight's here (LoRA keeps its adapters')."""
+        return True
 
     def _dw(self, jobs: dict, name: str, dy: np.ndarray, x: np.ndarray) -> None:
         """Queue dW = dy·xᵀ for weight `name` on the worker thread."""
