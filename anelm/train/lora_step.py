@@ -1,7 +1,7 @@
 """The LoRA training step: the base stays frozen on the device, only the adapters learn.
 
-    step = LoraTrainStep(config, base_weights, device, seq_len=S, rank=8, alpha=16,
-                         targets=("q_proj", "v_proj"), adapter=params)
+    spec = LoraSpec(rank=8, alpha=16, targets=("q_proj", "v_proj"))
+    step = LoraTrainStep(config, base_weights, device, seq_len=S, spec=spec, adapter=params)
     loss, grads, stats = step.loss_and_grads(x, y, loss_scale)   # gradients of `params` only
     step.set_weights(params)                                     # restage A, B; compiles nothing
 
@@ -28,56 +28,58 @@ import numpy as np
 
 from ..errors import UsageError
 from ..kernels.training import LAYER_ROLE, LoraLayout
-from ..models.names import layer_modules, layer_prefix
+from ..models.adapters import Adapter, LoraSpec, check_spec, projection_shape, target_modules
 from . import cpu_ops as ops
 from .step import DeviceTrainStep
 
 F32 = np.float32
-KERNEL_ROLES = {part: (role,) for role, part in LAYER_ROLE.items()}  # layer part -> kernel roles
+A_KEY, B_KEY = ".lora_A.weight", ".lora_B.weight"
+# layer part -> the kernel roles an adapter on it covers (GPT-2's fused c_attn: q, k and v)
+KERNEL_ROLES = {**{part: (role,) for role, part in LAYER_ROLE.items()},
+                "qkv": ("wq", "wk", "wv"), "fc": ("w1",), "proj": ("w2",)}
 
 
-def target_parts(model_type: str, targets) -> list[str]:
-    """The layer parts (anelm.models.names roles) that HF module names `targets` select."""
-    mods = layer_modules(model_type)
-    parts = [p for p, path in mods.items() if path.rsplit(".", 1)[-1] in set(targets) and p in KERNEL_ROLES]
-    unknown = sorted(set(targets) - {mods[p].rsplit(".", 1)[-1] for p in parts})
-    if unknown:
-        raise UsageError(f"unknown LoRA target {unknown[0]!r} for {model_type}; expected HF module names "
-                         f"among {', '.join(mods[p].rsplit('.', 1)[-1] for p in KERNEL_ROLES if p in mods)}")
-    return parts
+def lora_layout(config, spec: LoraSpec) -> LoraLayout:
+    """The kernels' view of `spec`: its rank and, per adapted layer part, the roles it covers."""
+    parts = dict.fromkeys(role for layer, role in target_modules(config, spec.targets).values() if layer == 0)
+    return LoraLayout(spec.rank, tuple((p, KERNEL_ROLES[p]) for p in parts))
 
 
-def lora_layout(model_type: str, targets, rank: int) -> LoraLayout:
-    parts = target_parts(model_type, targets)
-    return LoraLayout(int(rank), tuple((p, KERNEL_ROLES[p]) for p in parts))
-
-
-def adapter_shapes(config, weights: dict[str, np.ndarray], targets, rank: int) -> dict[str, tuple[int, int]]:
-    """Name -> shape of every adapter tensor, layer by layer, A before B."""
+def adapter_shapes(config, spec: LoraSpec) -> dict[str, tuple[int, int]]:
+    """Name -> shape of every adapter tensor (module doc), layer by layer, A before B."""
+    check_spec(config, spec, "--rank/--targets")
     out = {}
-    for i in range(config.num_hidden_layers):
-        for part in target_parts(config.model_type, targets):
-            path = layer_prefix(config.model_type, i) + layer_modules(config.model_type)[part]
-            n_out, n_in = weights[path + ".weight"].shape
-            if not 1 <= rank <= min(n_in, n_out):
-                raise UsageError(f"--rank {rank}: expected 1 <= rank <= {min(n_in, n_out)}, the smaller "
-                                 f"side of {path} ({n_out}x{n_in})")
-            out[path + ".lora_A.weight"] = (rank, n_in)
-            out[path + ".lora_B.weight"] = (n_out, rank)
+    for path, (_, role) in target_modules(config, spec.targets).items():
+        n_out, n_in = projection_shape(config, role)
+        out[path + A_KEY], out[path + B_KEY] = (spec.rank, n_in), (n_out, spec.rank)
     return out
+
+
+def adapter_params(adapter: Adapter) -> dict[str, np.ndarray]:
+    """An Adapter as the trainer's flat, C-contiguous float32 parameter dict."""
+    out = {}
+    for path, (a, b) in adapter.tensors.items():
+        out[path + A_KEY] = np.ascontiguousarray(a, F32)
+        out[path + B_KEY] = np.ascontiguousarray(b, F32)
+    return out
+
+
+def params_adapter(params: dict[str, np.ndarray], spec: LoraSpec, model_type: str) -> Adapter:
+    """The trainer's parameters back as an Adapter (for `save_peft`)."""
+    paths = [n[: -len(A_KEY)] for n in params if n.endswith(A_KEY)]
+    return Adapter(spec, model_type, {p: (params[p + A_KEY], params[p + B_KEY]) for p in paths})
 
 
 class LoraTrainStep(DeviceTrainStep):
     """Loss and the adapters' gradients of a Llama/Qwen3 base (module doc)."""
 
-    def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int, rank: int,
-                 alpha: float, targets, adapter: dict[str, np.ndarray], pipeline: str = "dynamic"):
-        self.rank, self.scale = int(rank), float(alpha) / int(rank)
-        self.parts = target_parts(config.model_type, targets)
-        self.shapes = adapter_shapes(config, weights, targets, rank)
-        self.modules = {n[: -len(".lora_A.weight")] for n in self.shapes if n.endswith(".lora_A.weight")}
+    def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int, spec: LoraSpec,
+                 adapter: dict[str, np.ndarray], pipeline: str = "dynamic"):
+        self.spec, self.rank, self.scale = spec, spec.rank, spec.scale
+        self.shapes = adapter_shapes(config, spec)
+        self.modules = target_modules(config, spec.targets)  # path -> (layer, part)
         super().__init__(config, weights, device, seq_len=seq_len, pipeline=pipeline,
-                         lora=lora_layout(config.model_type, targets, rank))
+                         lora=lora_layout(config, spec))
         self.set_weights(adapter)
 
     @property
@@ -95,14 +97,14 @@ class LoraTrainStep(DeviceTrainStep):
             if self.adapter[n].shape != shape:
                 raise UsageError(f"adapter tensor {n}: expected shape {list(shape)}, got "
                                  f"{list(self.adapter[n].shape)}")
-        mods, mt = layer_modules(self.cfg.model_type), self.cfg.model_type
-        for i in range(self.n_layers):
-            a, sb = {}, {}
-            for part in self.parts:
-                path = layer_prefix(mt, i) + mods[part]
-                a[part] = self.adapter[path + ".lora_A.weight"]
-                for role in KERNEL_ROLES[part]:
-                    sb[role] = F32(self.scale) * self.adapter[path + ".lora_B.weight"]
+        per_layer: list[tuple[dict, dict]] = [({}, {}) for _ in range(self.n_layers)]
+        for path, (i, part) in self.modules.items():
+            a, sb = per_layer[i]
+            a[part], b = self.adapter[path + A_KEY], F32(self.scale) * self.adapter[path + B_KEY]
+            rows = np.cumsum([0] + [len(b) // len(KERNEL_ROLES[part])] * len(KERNEL_ROLES[part]))
+            for role, lo, hi in zip(KERNEL_ROLES[part], rows[:-1], rows[1:]):  # c_attn: q, k, v rows
+                sb[role] = b[lo:hi]
+        for i, (a, sb) in enumerate(per_layer):
             self.bank.stage_adapters(i, a, sb)
 
     # ------------------------------------------------------------------ the hooks
@@ -114,9 +116,9 @@ class LoraTrainStep(DeviceTrainStep):
         path = name[: -len(".weight")]
         if path not in self.modules:
             return
-        a, b, s = self.adapter[path + ".lora_A.weight"], self.adapter[path + ".lora_B.weight"], F32(self.scale)
-        jobs[path + ".lora_B.weight"] = self._pool.submit(lambda: s * ops.dw(dy, a @ x))   # s·dy·(A x)ᵀ
-        jobs[path + ".lora_A.weight"] = self._pool.submit(lambda: s * ops.dw(b.T @ dy, x))  # s·(Bᵀdy)·xᵀ
+        a, b, s = self.adapter[path + A_KEY], self.adapter[path + B_KEY], F32(self.scale)
+        jobs[path + B_KEY] = self._pool.submit(lambda: s * ops.dw(dy, a @ x))   # s·dy·(A x)ᵀ
+        jobs[path + A_KEY] = self._pool.submit(lambda: s * ops.dw(b.T @ dy, x))  # s·(Bᵀdy)·xᵀ
 
     def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
         return  # the embedding is frozen
@@ -129,8 +131,8 @@ class LoraTrainStep(DeviceTrainStep):
 
     def _linears(self):
         """(path, (out, in)) of every adapted projection."""
-        return [(n[: -len(".lora_B.weight")], (shape[0], self.shapes[n.replace("lora_B", "lora_A")][1]))
-                for n, shape in self.shapes.items() if n.endswith(".lora_B.weight")]
+        return [(n[: -len(B_KEY)], (shape[0], self.shapes[n[: -len(B_KEY)] + A_KEY][1]))
+                for n, shape in self.shapes.items() if n.endswith(B_KEY)]
 
     def _frozen_flops(self, n: int) -> int:
         """What `cpu_step_flops` counts that a frozen base skips: every dW and the embedding scatter."""

@@ -19,6 +19,7 @@ from anelm.chip.profile import STRICT
 from anelm.device import base
 from anelm.device.base import compile_count
 from anelm.device.emulator import Emulator
+from anelm.models.adapters import LoraSpec
 from anelm.models.config import config_from_dict
 from anelm.train.lora_step import LoraTrainStep
 
@@ -81,7 +82,7 @@ def reference(arch):
 
 def make_step(arch, pipeline="dynamic", adapter=None):
     cfg, w, ad, targets, *_ = reference(arch)
-    return LoraTrainStep(cfg, w, Emulator(PROFILE), seq_len=S, rank=RANK, alpha=ALPHA, targets=targets,
+    return LoraTrainStep(cfg, w, Emulator(PROFILE), seq_len=S, spec=LoraSpec(RANK, ALPHA, 0.0, targets),
                          adapter=adapter or ad, pipeline=pipeline)
 
 
@@ -119,7 +120,7 @@ def test_untargeted_kernels_stay_as_full_training_builds_them():
     from anelm.train.lora_step import lora_layout
 
     cfg = reference("qwen3")[0]
-    dims, lay = Dims.from_config(cfg, S), lora_layout("qwen3", ("q_proj",), RANK)
+    dims, lay = Dims.from_config(cfg, S), lora_layout(cfg, LoraSpec(RANK, ALPHA, 0.0, ("q_proj",)))
     assert lay.kinds() == ("qkv", "qkv_dx")
     for kind in ("wo", "ffn_up", "ffn_down", "wo_dx", "ffn_up_dx", "ffn_down_dx"):
         assert layouts(dims, lay)[kind] == layouts(dims)[kind]
