@@ -70,6 +70,7 @@ class Dims:
     hkv: int    # key/value heads
     hd: int     # head dim
     s: int      # tokens per sequence
+    gated: bool = True  # SwiGLU (Llama, Qwen3: W1, W3); False: one up projection (GPT-2, GELU on the CPU)
 
     @property
     def q(self) -> int:
@@ -82,7 +83,7 @@ class Dims:
     @classmethod
     def from_config(cls, cfg, seq_len: int) -> "Dims":
         return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                   cfg.num_key_value_heads, cfg.head_dim, int(seq_len))
+                   cfg.num_key_value_heads, cfg.head_dim, int(seq_len), cfg.model_type != "gpt2")
 
 
 SPATIAL_MULTIPLE = 16  # strict §2.10: input widths are padded up to a multiple of this
@@ -176,6 +177,10 @@ def _with_adapters(kind: str, ins: dict[str, Packed], lora: LoraLayout) -> dict[
 
 def _plain_layouts(m: Dims) -> dict[str, dict[str, Packed]]:
     D, F, Q, KV = m.d, m.f, m.q, m.kv
+    if not m.gated:  # GPT-2: h = W_fc·x2n up, its dx W_fcᵀ·dh (bias and GELU on the CPU)
+        return {**_plain_layouts(replace(m, gated=True)),
+                "ffn_up": {"x": Packed(D, ("x2n",), (("w1", F),))},
+                "ffn_up_dx": {"x": Packed(F, ("dh1",), (("w1", D),))}}
     return {
         "qkv": {"x": Packed(D, ("xn",), (("wq", Q), ("wk", KV), ("wv", KV)))},
         "wo": {"x": Packed(Q, ("attn",), (("wo", D),))},
@@ -193,10 +198,31 @@ def _plain_layouts(m: Dims) -> dict[str, dict[str, Packed]]:
     }
 
 
-def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int,
-               model_type: str = "llama") -> dict[str, np.ndarray]:
+def kernel_roles(kind: str, m: Dims) -> tuple[str, ...]:
+    """The weight blocks of kernel `kind` (GPT-2's MLP has no W3)."""
+    return tuple(r for r in ROLES.get(kind, ()) if m.gated or r != "w3")
+
+
+GPT2_PART = {"wo": "o", "w1": "fc", "w2": "proj"}  # GPT-2's layer parts of the other roles
+
+
+def layer_matrix(weights: dict[str, np.ndarray], layer: int, role: str, model_type: str = "llama") -> np.ndarray:
+    """W `[out, in]` of a kernel role; GPT-2's q, k, v are the row thirds of the fused c_attn."""
+    if model_type != "gpt2":
+        return weights[weight_name(model_type, layer, LAYER_ROLE[role])]
+    if role in ("wq", "wk", "wv"):
+        qkv = weights[weight_name("gpt2", layer, "qkv")]
+        third = qkv.shape[0] // 3
+        at = ("wq", "wk", "wv").index(role) * third
+        return qkv[at:at + third]
+    return weights[weight_name("gpt2", layer, GPT2_PART[role])]
+
+
+def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int, model_type: str = "llama",
+               m: Dims | None = None) -> dict[str, np.ndarray]:
     """The matrices M a weighted kernel stages for one layer: Wᵀ forward, W for dx."""
-    mats = {role: weights[weight_name(model_type, layer, LAYER_ROLE[role])] for role in ROLES.get(kind, ())}
+    roles = kernel_roles(kind, m) if m is not None else ROLES.get(kind, ())
+    mats = {role: layer_matrix(weights, layer, role, model_type) for role in roles}
     return {r: w.T for r, w in mats.items()} if kind in FORWARD else mats
 
 
@@ -285,6 +311,8 @@ def _wo(k: KernelContext) -> dict[str, Value]:
 
 def _ffn_up(k: KernelContext) -> dict[str, Value]:
     b = k.b
+    if not k.m.gated:
+        return {"h1": k.lin("x2n", "w1")}
     h1, h3 = k.lin("x2n", "w1"), k.lin("x2n", "w3")
     # silu as x·sigmoid(x) (CONTRACTS §2 conservative form)
     act = b.mul(h1, b.sigmoid(h1, name="h1_sig"), name="h1_silu")
@@ -300,6 +328,8 @@ def _ffn_down_dx(k: KernelContext) -> dict[str, Value]:
 
 
 def _ffn_up_dx(k: KernelContext) -> dict[str, Value]:
+    if not k.m.gated:
+        return {"dx": k.lin("dh1", "w1")}
     return {"dx": k.b.add(k.lin("dh1", "w1"), k.lin("dh3", "w3"), name="dx_sum")}
 
 
@@ -324,8 +354,8 @@ def build_graph(kind: str, m: Dims, mats: dict[str, np.ndarray] | None = None,
     with `lora`, the adapter blocks as inputs (module doc)."""
     if kind not in _BODY:
         raise ShapeError(f"unknown training kernel {kind!r}; expected one of {', '.join(KINDS)}")
-    if mats is not None and set(mats) != set(ROLES[kind]):
-        raise ShapeError(f"kernel {kind}: expected weights {sorted(ROLES[kind])}, got {sorted(mats)}")
+    if mats is not None and set(mats) != set(kernel_roles(kind, m)):
+        raise ShapeError(f"kernel {kind}: expected weights {sorted(kernel_roles(kind, m))}, got {sorted(mats)}")
     ctx = KernelContext(kind, m, mats if kind in WEIGHTED else None, lora)
     outs = _BODY[kind](ctx)
     for name in sorted(outs):  # alphabetical: the strict binding order, so no renames

@@ -38,8 +38,10 @@ class KernelBank:
 
     compiles_per_update = 0
 
-    def __init__(self, dims: Dims, device, n_layers: int, lora: LoraLayout | None = None):
+    def __init__(self, dims: Dims, device, n_layers: int, lora: LoraLayout | None = None,
+                 model_type: str = "llama"):
         self.dims, self.device, self.n_layers, self.lora = dims, device, n_layers, lora
+        self.model_type = model_type
         self.layouts = layouts(dims, lora)
         self.flops: dict[str, int] = {}
         self._kernels: list[Kernel] = []
@@ -102,8 +104,8 @@ class DynamicBank(KernelBank):
     dynamic = True
 
     def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int,
-                 lora: LoraLayout | None = None):
-        super().__init__(dims, device, n_layers, lora)
+                 lora: LoraLayout | None = None, model_type: str = "llama"):
+        super().__init__(dims, device, n_layers, lora, model_type)
         for kind in WEIGHTED:
             kern = self._open(kind, build_graph(kind, dims, lora=lora))
             for layer in range(n_layers):
@@ -115,10 +117,11 @@ class DynamicBank(KernelBank):
         # restaging runs one layer per core (the device is idle meanwhile). A layer's matrices
         # are rounded to fp16 once for both the forward (Wᵀ) and the dx (W) kernels.
         def stage(layer):
-            p = layer_prefix("llama", layer)
+            p = layer_prefix(self.model_type, layer)
             rounded = {k: round_fp16(w) for k, w in weights.items() if k.startswith(p) and w.ndim == 2}
             for kind in WEIGHTED:
-                self._stage(self._req[(kind, layer)], kind, layer_mats(kind, rounded, layer), exact=True)
+                mats = layer_mats(kind, rounded, layer, self.model_type, self.dims)
+                self._stage(self._req[(kind, layer)], kind, mats, exact=True)
 
         with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
             list(pool.map(stage, range(self.n_layers)))

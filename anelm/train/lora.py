@@ -26,7 +26,7 @@ from ..models.adapters import LoraSpec, check_spec, init_adapter, resolve_target
 from ..quant.folder import refuse_quantized
 from .errors import TrainError
 from .init import load_pretrained
-from .lora_step import LoraTrainStep, adapter_params, adapter_shapes, params_adapter
+from .lora_step import adapter_params, lora_train_step, adapter_shapes, params_adapter
 from .run import SETTINGS_KEY, RunSetup, Trains, prepare, read_json, write_json
 
 FINETUNE_KEY = "anelm_finetune"
@@ -114,7 +114,7 @@ def step_factory(setup: RunSetup):
     spec = lora_spec(setup.config)
 
     def make(config, params, device, *, seq_len: int, pipeline: str):
-        return LoraTrainStep(config, setup.frozen, device, seq_len=seq_len, spec=spec, adapter=params,
+        return lora_train_step(config, setup.frozen, device, seq_len=seq_len, spec=spec, adapter=params,
                              pipeline=pipeline)
 
     return make

@@ -1,7 +1,7 @@
 """The LoRA training step: the base stays frozen on the device, only the adapters learn.
 
     spec = LoraSpec(rank=8, alpha=16, targets=("q_proj", "v_proj"))
-    step = LoraTrainStep(config, base_weights, device, seq_len=S, spec=spec, adapter=params)
+    step = lora_train_step(config, base_weights, device, seq_len=S, spec=spec, adapter=params)
     loss, grads, stats = step.loss_and_grads(x, y, loss_scale)   # gradients of `params` only
     step.set_weights(params)                                     # restage A, B; compiles nothing
 
@@ -30,7 +30,9 @@ from ..errors import UsageError
 from ..kernels.training import LAYER_ROLE, LoraLayout
 from ..models.adapters import Adapter, LoraSpec, check_spec, projection_shape, target_modules
 from . import cpu_ops as ops
+from ..models.names import layer_prefix
 from .step import DeviceTrainStep
+from .step_gpt2 import GPT2TrainStep
 
 F32 = np.float32
 A_KEY, B_KEY = ".lora_A.weight", ".lora_B.weight"
@@ -70,8 +72,14 @@ def params_adapter(params: dict[str, np.ndarray], spec: LoraSpec, model_type: st
     return Adapter(spec, model_type, {p: (params[p + A_KEY], params[p + B_KEY]) for p in paths})
 
 
-class LoraTrainStep(DeviceTrainStep):
-    """Loss and the adapters' gradients of a Llama/Qwen3 base (module doc)."""
+def lora_train_step(config, weights: dict[str, np.ndarray], device, **kw) -> "LoraHooks":
+    """The LoRA step for the base's architecture (keywords as `LoraHooks`)."""
+    cls = GPT2LoraTrainStep if config.model_type == "gpt2" else LoraTrainStep
+    return cls(config, weights, device, **kw)
+
+
+class LoraHooks:
+    """The LoRA half of a step (module doc), over a full step class that it follows in the MRO."""
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int, spec: LoraSpec,
                  adapter: dict[str, np.ndarray], pipeline: str = "dynamic"):
@@ -135,7 +143,17 @@ class LoraTrainStep(DeviceTrainStep):
                 for n, shape in self.shapes.items() if n.endswith(B_KEY)]
 
     def _frozen_flops(self, n: int) -> int:
-        """What `cpu_step_flops` counts that a frozen base skips: every dW and the embedding scatter."""
-        m, v = self.dims, self.cfg.vocab_size
-        per_layer = ops.matmul_flops(m.d, n, 2 * m.q + 2 * m.kv) + ops.matmul_flops(m.d, n, 3 * m.f)
-        return self.n_layers * per_layer + ops.matmul_flops(v, m.d, n) + ops.embed_flops(m.d, n, True)
+        """What the full step's `cpu_flops` counts that a frozen base skips: every layer's dW,
+        the classifier's dW and the embedding scatter."""
+        prefix = layer_prefix(self.cfg.model_type, 0).split("0")[0]  # "model.layers." / "transformer.h."
+        layer_params = sum(w.size for k, w in self.w.items() if k.startswith(prefix) and w.ndim == 2)
+        d, v = self.dims.d, self.cfg.vocab_size
+        return 2 * n * int(layer_params) + ops.matmul_flops(v, d, n) + ops.embed_flops(d, n, True)
+
+
+class LoraTrainStep(LoraHooks, DeviceTrainStep):
+    """LoRA on a Llama or Qwen3 base."""
+
+
+class GPT2LoraTrainStep(LoraHooks, GPT2TrainStep):
+    """LoRA on a GPT-2 base (one adapter over the fused c_attn, PEFT's fan_in_fan_out)."""

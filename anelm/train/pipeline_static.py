@@ -37,8 +37,8 @@ class StaticBank(KernelBank):
     dynamic = False
 
     def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int,
-                 lora: LoraLayout | None = None):
-        super().__init__(dims, device, n_layers, lora)
+                 lora: LoraLayout | None = None, model_type: str = "llama"):
+        super().__init__(dims, device, n_layers, lora, model_type)
         self.reload = bool(device.profile.reload_reads_new_weights)
         self.compiles_per_update = 0 if self.reload else len(WEIGHTED) * n_layers
         self._slots: dict[tuple[str, int], tuple[Kernel, ProgramCache]] = {}
@@ -47,7 +47,8 @@ class StaticBank(KernelBank):
                 self._compile(kind, layer, weights)
 
     def _graph(self, kind: str, layer: int, weights: dict[str, np.ndarray]):
-        return build_graph(kind, self.dims, layer_mats(kind, weights, layer), lora=self.lora)
+        return build_graph(kind, self.dims, layer_mats(kind, weights, layer, self.model_type, self.dims),
+                           lora=self.lora)
 
     def _compile(self, kind: str, layer: int, weights: dict[str, np.ndarray]) -> None:
         """A fresh program for one (kernel, layer); the one it replaces is closed and unloaded."""

@@ -1,6 +1,7 @@
 """The LoRA step (base frozen on the emulator, adapters as kernel inputs) against PEFT autograd.
 
-For each architecture and both pipelines, the loss and the gradient of every lora_A and
+For Llama (GQA, every target), Qwen3 and GPT-2 (one adapter over the fused c_attn, c_proj on
+attention and MLP, c_fc) and both pipelines, the loss and the gradient of every lora_A and
 lora_B tensor must match `peft.get_peft_model` on the same HF float32 model (eager attention),
 the same adapter and batch. B is drawn non-zero (PEFT initializes it to zero, which would make
 dA vanish), so both gradients are exercised. Tolerances (CONTRACTS §6): max|got − ref| /
@@ -21,7 +22,8 @@ from anelm.device.base import compile_count
 from anelm.device.emulator import Emulator
 from anelm.models.adapters import LoraSpec
 from anelm.models.config import config_from_dict
-from anelm.train.lora_step import LoraTrainStep
+from anelm.models.loading import architecture
+from anelm.train.lora_step import lora_train_step
 
 from helpers import GRAD_COSINE, GRAD_TOL, rel_err
 
@@ -39,7 +41,11 @@ ARCHS = {  # name: (HF config class, model class, extra config, targets)
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
               dict(num_attention_heads=4, num_key_value_heads=2, head_dim=12, tie_word_embeddings=True),
               ("q_proj", "v_proj", "down_proj")),
+    # c_attn: one adapter over the fused q, k, v (fan_in_fan_out); c_proj names attn's and mlp's
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_positions=64, n_embd=32, n_layer=2, n_head=4),
+             ("c_attn", "c_proj", "c_fc")),
 }
+GPT2_DROP = ("hidden_size", "intermediate_size", "num_hidden_layers", "rms_norm_eps", "max_position_embeddings")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -52,17 +58,22 @@ def _compile_count_as_found():
 def reference(arch):
     """(our config, base weights, adapter, x, y, PEFT loss, PEFT adapter grads)."""
     cfg_name, model_name, extra, targets = ARCHS[arch]
-    hf_cfg = getattr(transformers, cfg_name)(**COMMON, **extra)
+    common = {k: v for k, v in COMMON.items() if arch != "gpt2" or k not in GPT2_DROP}
+    hf_cfg = getattr(transformers, cfg_name)(**common, **extra)
     torch.manual_seed(0)
-    model = getattr(transformers, model_name)(hf_cfg).float()
+    model = getattr(transformers, model_name)(hf_cfg).float().eval()  # eval: GPT-2 has dropout
     with torch.no_grad():
         for n, p in model.named_parameters():
-            p.copy_(torch.empty_like(p).uniform_(0.5, 1.5) if p.ndim == 1 else
-                    torch.randn_like(p) * (0.3 if "embed" in n else p.shape[1] ** -0.5))
+            p.copy_(0.1 * torch.randn_like(p) if n.endswith("bias") else
+                    torch.empty_like(p).uniform_(0.5, 1.5) if p.ndim == 1 else
+                    torch.randn_like(p) * (0.3 if "embed" in n else min(p.shape) ** -0.5))
+    cfg = config_from_dict(hf_cfg.to_dict())
     weights = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
+    weights = architecture(cfg.model_type).sanitize(weights, cfg)  # GPT-2's Conv1D as [out, in]
     if hf_cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    lora = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=list(targets))
+    lora = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=list(targets),
+                           fan_in_fan_out=arch == "gpt2")
     pm = peft.get_peft_model(model, lora)
     with torch.no_grad():
         for n, p in pm.named_parameters():
@@ -76,13 +87,12 @@ def reference(arch):
     ours = lambda n: n.replace("base_model.model.", "", 1).replace(".default", "")  # noqa: E731
     adapter = {ours(n): p.detach().numpy().copy() for n, p in pm.named_parameters() if "lora_" in n}
     grads = {ours(n): p.grad.numpy().copy() for n, p in pm.named_parameters() if "lora_" in n}
-    cfg = config_from_dict(hf_cfg.to_dict())
     return cfg, weights, adapter, targets, x, y, loss.item(), grads
 
 
 def make_step(arch, pipeline="dynamic", adapter=None):
     cfg, w, ad, targets, *_ = reference(arch)
-    return LoraTrainStep(cfg, w, Emulator(PROFILE), seq_len=S, spec=LoraSpec(RANK, ALPHA, 0.0, targets),
+    return lora_train_step(cfg, w, Emulator(PROFILE), seq_len=S, spec=LoraSpec(RANK, ALPHA, 0.0, targets),
                          adapter=adapter or ad, pipeline=pipeline)
 
 
