@@ -8,8 +8,8 @@ gradient sum, float32 round-off). The final adapters: ‖two − one‖ / ‖one
 (measured ≤ 1.1e-2, on an A). Not max-based, and looser than the losses: B starts at zero, so
 dA starts at zero too and its first non-zero gradients are tiny; AdamW divides by √v, which
 turns their round-off into up to ±lr per step on such entries (one entry of 64 moved by 9 % of
-max|A| in a trial run). The losses carry the all-reduce check: a rank training on its half of
-the batch alone drifts from the one-rank run far beyond 5e-4 from step 2 on.
+max|A| in a trial run). Every checkpoint also compares the ranks' adapters (`Trainer.save`,
+`sync.check_same`), so ranks that drifted apart would end the job.
 """
 
 import os
