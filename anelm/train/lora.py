@@ -5,8 +5,9 @@
 
 The run folder is `anelm train`'s, so the trainer loop, metrics, loss.png, checkpoints and
 exact resume are its own (`loop.Trainer`); what differs:
-- config.json carries `"anelm_finetune": {"rank", "alpha", "dropout", "targets"}` beside the
-  training settings, whose `init_from` is the base (`--model`);
+- config.json carries `"anelm_finetune": {"rank", "alpha", "dropout", "targets", "base"}`
+  beside the training settings, whose `init_from` is the base (`--model`; `base` is its
+  absolute path, PEFT's `base_model_name_or_path`);
 - the parameters are the adapter tensors (`lora_step` names), initialized as PEFT does
   (`models.adapters.init_adapter`: A Kaiming-uniform, B zero, so step 0 is the base), and a
   checkpoint holds them and their AdamW moments, not the base, which is read again from
@@ -40,7 +41,7 @@ def lora_spec(full: dict) -> LoraSpec:
     """The run's spec from its config.json."""
     f = full[FINETUNE_KEY]
     return LoraSpec(int(f["rank"]), float(f["alpha"]), float(f["dropout"]), tuple(f["targets"]),
-                    base=str(full.get("anelm_train", {}).get("init_from") or ""))
+                    base=str(f.get("base") or full.get(SETTINGS_KEY, {}).get("init_from") or ""))
 
 
 def _initial_adapter(config, args, full: dict) -> dict[str, np.ndarray]:
@@ -79,7 +80,7 @@ def prepare_finetune(explicit: dict, lora: dict, out, resume: bool) -> RunSetup:
             raise UsageError(f"--dropout {spec.dropout}: the device step trains without LoRA dropout; "
                              "expected --dropout 0")
         setup.config[FINETUNE_KEY] = {"rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout,
-                                      "targets": list(spec.targets)}
+                                      "targets": list(spec.targets), "base": str(Path(model).absolute())}
         write_json(setup.run / "config.json", setup.config)
         setup.frozen, setup.params = setup.params, adapter_params(init_adapter(setup.model_config, spec,
                                                                                setup.args.seed))

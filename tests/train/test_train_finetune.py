@@ -121,8 +121,10 @@ def test_checkpoint_holds_the_adapters_and_peft_loads_run_adapter(runs):
     assert set(ck.optimizer) == {f"exp_avg.{n}" for n in names} | {f"exp_avg_sq.{n}" for n in names}
     assert all(not n.startswith(OPT_PREFIX) for n in names)
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["anelm_finetune"] == {"rank": 4, "alpha": 16.0, "dropout": 0.0,
+    assert cfg["anelm_finetune"] == {"rank": 4, "alpha": 16.0, "dropout": 0.0, "base": str(base / "base"),
                                      "targets": ["q_proj", "v_proj", "down_proj"]}
+    peft_cfg = json.loads((run / "adapter" / "adapter_config.json").read_text())
+    assert peft_cfg["base_model_name_or_path"] == str(base / "base") and peft_cfg["r"] == 4
     files = load_file(str(run / "adapter" / "adapter_model.safetensors"))
     for n, a in ck.weights.items():
         assert np.array_equal(files["base_model.model." + n], a), n
