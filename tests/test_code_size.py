@@ -7,7 +7,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "anelm"
 MAX_MODULE_LINES = 400
-MAX_PACKAGE_LINES = 20000
+MAX_PACKAGE_LINES = 21500  # 20000 until LoRA (issue 14: adapters, the LoRA and GPT-2 training steps, finetune)
 
 
 def line_counts() -> dict[str, int]:

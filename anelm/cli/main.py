@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "compile": ("compile", "compile transformer kernels to kernel folders (MIL + BLOBFILE weights)"),
     "run-mil": ("run_mil", "execute a kernel folder (model.mil + weights/) on a device"),
     "train": ("train", "train a Llama-family model (forward + dx on the device, the rest on the CPU)"),
+    "finetune": ("finetune", "LoRA fine-tuning of a frozen base model (adapters in PEFT's layout)"),
     "export": ("export", "export a training run as a Hugging Face folder"),
     "generate": ("generate", "generate text from a model"),
     "chat": ("chat", "chat with a model"),

@@ -56,21 +56,30 @@ def _type(f):
     return str
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
+def add_settings_args(p: argparse.ArgumentParser, skip=(), defaults: dict | None = None) -> None:
+    """One flag per training setting (`TrainSettings`), but those in `skip`; `defaults` are
+    the ones a command puts in place of the field defaults (shown in the help)."""
     from ..train.presets import TRAIN_DEFAULTS
     from ..train.settings import TrainSettings
 
-    per_preset = {k for d in TRAIN_DEFAULTS.values() for k in d}
+    per_preset = set() if defaults is not None else {k for d in TRAIN_DEFAULTS.values() for k in d}
     for f in fields(TrainSettings):
+        if f.name in skip:
+            continue
+        value = (defaults or {}).get(f.name, f.default)
         default = ""
-        if f.default is not None and "default" not in f.metadata["help"]:
-            default = f" (default: {'per preset, else ' if f.name in per_preset else ''}{f.default})"
+        if value is not None and "default" not in f.metadata["help"]:
+            default = f" (default: {'per preset, else ' if f.name in per_preset else ''}{value})"
         kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
         if not kw:
             kw["metavar"] = f.metadata.get("metavar") or (
                 "X" if "float" in str(f.type) else "N" if f.metadata.get("kind") else f.name.upper())
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, type=_type(f),
                        help=f.metadata["help"] + default, **kw)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    add_settings_args(p)
     p.add_argument("--out", default=None, metavar="RUN",
                    help="run folder (default: runs/<timestamp>; required with --resume)")
     p.add_argument("--resume", action="store_true",
@@ -113,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         group.close()
 
 
-def _train(args, profile, setup, group) -> int:
+def _train(args, profile, setup, group, sample_from=None, **trainer_kw) -> int:
+    """Run the trainer on `setup` (`trainer_kw`: Trainer options, e.g. finetune's step factory);
+    `sample_from(setup)`: the setup whose weights write the end sample (default: `setup`)."""
     from ..device.select import get_device
     from ..train.loop import Trainer, sample_text, summary
 
@@ -125,8 +136,8 @@ def _train(args, profile, setup, group) -> int:
         return 0
     try:
         device = get_device(args.device, profile)
-        restart = None if group is not None else (lambda: _reexec(setup, args))
-        trainer = Trainer(setup, device, budget=profile.compile_budget, restart=restart, sync=group)
+        restart = None if group is not None or trainer_kw else (lambda: _reexec(setup, args))
+        trainer = Trainer(setup, device, budget=profile.compile_budget, restart=restart, sync=group, **trainer_kw)
     except BaseException:
         if setup.created:  # no device or no kernels: leave no half-started run behind
             shutil.rmtree(setup.run, ignore_errors=True)
@@ -139,7 +150,7 @@ def _train(args, profile, setup, group) -> int:
         trainer.close()
     if not main:
         return 0
-    text = sample_text(setup, setup.args.sample_tokens, setup.args.seed)
+    text = sample_text((sample_from or (lambda s: s))(setup), setup.args.sample_tokens, setup.args.seed)
     if text is not None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
@@ -149,7 +160,10 @@ def _train(args, profile, setup, group) -> int:
 
 def _describe(setup, group) -> None:
     a, c = setup.args, setup.model_config
-    n = sum(int(p.size) for p in setup.params.values())
+    n = sum(int(p.size) for p in (setup.frozen or setup.params).values())
+    if setup.frozen is not None:
+        _notice(f"LoRA: {sum(int(p.size) for p in setup.params.values()):,} trainable adapter parameters "
+                f"on a frozen base")
     start = f"resuming at step {setup.checkpoint.step}" if setup.checkpoint else "from step 0"
     ranks = f" on each of {group.world} ranks" if group is not None else ""
     _notice(f"run {setup.run}: {c.model_type} {n / 1e6:.2f}M parameters, {a.steps} steps of "

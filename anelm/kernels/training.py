@@ -22,13 +22,22 @@ dx kernels M = W (`[out, in]`). A projection is y = Mᵀ·x, on the device eithe
 serves every layer and every update) or a 1×1 conv with Mᵀ baked as a BLOBFILE const (static).
 The static graphs keep the same activation packing, so both pipelines run the same way.
 
+LoRA (issue 14; `LoraLayout`): a targeted projection adds scale·B·(A·x), with A and B always
+staged as data, in both pipelines, so an adapter update or swap compiles nothing. Each
+factor is again a block M with y = Mᵀ·x: forward, the input holding x gets Aᵀ `[in, r]` and
+a second input `lora` of r channels gets (scale·B)ᵀ `[r, out]`; the dx kernels carry
+scale·B `[out, r]` beside dy and A `[r, in]` in `lora`, giving dx += Aᵀ(scale·Bᵀ·dy). One
+adapter may cover several kernel roles (GPT-2's fused `c_attn` covers wq, wk, wv): A·x is
+computed once and B's rows are split across the roles. Kernels no adapter touches keep
+their plain layout, so they compile to the same programs as in full training.
+
 Inputs and outputs are declared in alphabetical order, so the `strict` binding order (§2.2)
 needs no renaming and the names below are the MIL names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -61,6 +70,7 @@ class Dims:
     hkv: int    # key/value heads
     hd: int     # head dim
     s: int      # tokens per sequence
+    gated: bool = True  # SwiGLU (Llama, Qwen3: W1, W3); False: one up projection (GPT-2, GELU on the CPU)
 
     @property
     def q(self) -> int:
@@ -73,33 +83,104 @@ class Dims:
     @classmethod
     def from_config(cls, cfg, seq_len: int) -> "Dims":
         return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                   cfg.num_key_value_heads, cfg.head_dim, int(seq_len))
+                   cfg.num_key_value_heads, cfg.head_dim, int(seq_len), cfg.model_type != "gpt2")
+
+
+SPATIAL_MULTIPLE = 16  # strict §2.10: input widths are padded up to a multiple of this
 
 
 @dataclass(frozen=True)
 class Packed:
-    """One kernel input `[1, C, 1, n·S + Σ widths]`: activations, then weight blocks."""
+    """One kernel input `[1, C, 1, n·S + Σ widths]`: activations, then weight blocks, then
+    adapter blocks (staged data in both pipelines), padded to `SPATIAL_MULTIPLE` columns."""
 
     channels: int
     acts: tuple[str, ...]
     weights: tuple[tuple[str, int], ...] = ()   # (role, columns OC) in column order
+    adapters: tuple[tuple[str, int], ...] = ()  # (block key, columns) after the weights
 
     def width(self, s: int, dynamic: bool) -> int:
-        return len(self.acts) * s + (sum(w for _, w in self.weights) if dynamic else 0)
+        used = len(self.acts) * s + (sum(w for _, w in self.weights) if dynamic else 0)
+        used += sum(w for _, w in self.adapters)
+        return -(-used // SPATIAL_MULTIPLE) * SPATIAL_MULTIPLE
 
-    def columns(self, s: int) -> dict[str, slice]:
-        """Where each activation and weight block lives along the spatial axis."""
+    def columns(self, s: int, dynamic: bool = True) -> dict[str, slice]:
+        """Where each activation, weight and adapter block lives along the spatial axis."""
         at = {a: slice(j * s, (j + 1) * s) for j, a in enumerate(self.acts)}
         col = len(self.acts) * s
-        for role, w in self.weights:
+        for role, w in (self.weights if dynamic else ()) + self.adapters:
             at[role] = slice(col, col + w)
             col += w
         return at
 
 
-def layouts(m: Dims) -> dict[str, dict[str, Packed]]:
-    """Every kernel's inputs by MIL name (alphabetical, as they bind)."""
+@dataclass(frozen=True)
+class LoraLayout:
+    """The adapters a LoRA step stages: rank r and, per adapter, the kernel roles it covers
+    (`(("q", ("wq",)), ("v", ("wv",)))` for Llama's q_proj, v_proj; GPT-2's c_attn is
+    `("qkv", ("wq", "wk", "wv"))`)."""
+
+    rank: int
+    groups: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def group_of(self, role: str) -> str | None:
+        return next((g for g, roles in self.groups if role in roles), None)
+
+    def kinds(self) -> tuple[str, ...]:
+        """The weighted kernels that carry an adapter term."""
+        return tuple(k for k in WEIGHTED if any(self.group_of(r) for r in ROLES[k]))
+
+
+def a_key(group: str) -> str:
+    return f"lora_a_{group}"
+
+
+def b_key(role: str) -> str:
+    return f"lora_b_{role}"
+
+
+LORA_INPUT = "lora"  # the r-channel input of the second factors (binds in alphabetical order)
+
+
+def layouts(m: Dims, lora: LoraLayout | None = None) -> dict[str, dict[str, Packed]]:
+    """Every kernel's inputs by MIL name (alphabetical, as they bind), with `lora`'s blocks."""
+    base = _plain_layouts(m)
+    if lora is None:
+        return base
+    for kind in lora.kinds():
+        base[kind] = _with_adapters(kind, base[kind], lora)
+    return base
+
+
+def _with_adapters(kind: str, ins: dict[str, Packed], lora: LoraLayout) -> dict[str, Packed]:
+    """Add the adapter blocks of `kind`: the first factor beside the activation it multiplies,
+    the second in the r-channel `lora` input (module doc)."""
+    first: dict[str, list] = {name: [] for name in ins}
+    second: list[tuple[str, int]] = []
+    for name, pk in ins.items():
+        for role, oc in pk.weights:
+            g = lora.group_of(role)
+            if g is None:
+                continue
+            if kind in FORWARD:   # Aᵀ [in, r] beside x (once per adapter); (sB)ᵀ [r, out] in lora
+                if (a_key(g), lora.rank) not in first[name]:
+                    first[name].append((a_key(g), lora.rank))
+                second.append((b_key(role), oc))
+            else:                 # sB [out, r] beside dy; A [r, in] in lora (once per adapter)
+                first[name].append((b_key(role), lora.rank))
+                if (a_key(g), oc) not in second:
+                    second.append((a_key(g), oc))
+    out = {name: replace(pk, adapters=tuple(first[name])) for name, pk in ins.items()}
+    out[LORA_INPUT] = Packed(lora.rank, (), (), tuple(second))
+    return dict(sorted(out.items()))
+
+
+def _plain_layouts(m: Dims) -> dict[str, dict[str, Packed]]:
     D, F, Q, KV = m.d, m.f, m.q, m.kv
+    if not m.gated:  # GPT-2: h = W_fc·x2n up, its dx W_fcᵀ·dh (bias and GELU on the CPU)
+        return {**_plain_layouts(replace(m, gated=True)),
+                "ffn_up": {"x": Packed(D, ("x2n",), (("w1", F),))},
+                "ffn_up_dx": {"x": Packed(F, ("dh1",), (("w1", D),))}}
     return {
         "qkv": {"x": Packed(D, ("xn",), (("wq", Q), ("wk", KV), ("wv", KV)))},
         "wo": {"x": Packed(Q, ("attn",), (("wo", D),))},
@@ -117,25 +198,65 @@ def layouts(m: Dims) -> dict[str, dict[str, Packed]]:
     }
 
 
-def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int,
-               model_type: str = "llama") -> dict[str, np.ndarray]:
+def kernel_roles(kind: str, m: Dims) -> tuple[str, ...]:
+    """The weight blocks of kernel `kind` (GPT-2's MLP has no W3)."""
+    return tuple(r for r in ROLES.get(kind, ()) if m.gated or r != "w3")
+
+
+GPT2_PART = {"wo": "o", "w1": "fc", "w2": "proj"}  # GPT-2's layer parts of the other roles
+
+
+def layer_matrix(weights: dict[str, np.ndarray], layer: int, role: str, model_type: str = "llama") -> np.ndarray:
+    """W `[out, in]` of a kernel role; GPT-2's q, k, v are the row thirds of the fused c_attn."""
+    if model_type != "gpt2":
+        return weights[weight_name(model_type, layer, LAYER_ROLE[role])]
+    if role in ("wq", "wk", "wv"):
+        qkv = weights[weight_name("gpt2", layer, "qkv")]
+        third = qkv.shape[0] // 3
+        at = ("wq", "wk", "wv").index(role) * third
+        return qkv[at:at + third]
+    return weights[weight_name("gpt2", layer, GPT2_PART[role])]
+
+
+def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int, model_type: str = "llama",
+               m: Dims | None = None) -> dict[str, np.ndarray]:
     """The matrices M a weighted kernel stages for one layer: Wᵀ forward, W for dx."""
-    mats = {role: weights[weight_name(model_type, layer, LAYER_ROLE[role])] for role in ROLES.get(kind, ())}
+    roles = kernel_roles(kind, m) if m is not None else ROLES.get(kind, ())
+    mats = {role: layer_matrix(weights, layer, role, model_type) for role in roles}
     return {r: w.T for r, w in mats.items()} if kind in FORWARD else mats
 
 
-class KernelContext:
-    """Builds one kernel: finds activations and weights in the packed inputs."""
+def adapter_mats(kind: str, lora: LoraLayout, a: dict[str, np.ndarray],
+                 sb: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The adapter blocks kernel `kind` stages for one layer, by block key: from A `[r, in]`
+    per adapter and scale·B `[out, r]` per kernel role (an adapter's rows for that role)."""
+    out = {}
+    for role in ROLES[kind]:
+        g = lora.group_of(role)
+        if g is None:
+            continue
+        if kind in FORWARD:
+            out[a_key(g)], out[b_key(role)] = a[g].T, sb[role].T
+        else:
+            out[a_key(g)], out[b_key(role)] = a[g], sb[role]
+    return out
 
-    def __init__(self, kind: str, m: Dims, mats: dict[str, np.ndarray] | None):
-        self.kind, self.m, self.mats = kind, m, mats
+
+class KernelContext:
+    """Builds one kernel: finds activations, weights and adapter blocks in the packed inputs."""
+
+    def __init__(self, kind: str, m: Dims, mats: dict[str, np.ndarray] | None,
+                 lora: LoraLayout | None = None):
+        self.kind, self.m, self.mats, self.lora = kind, m, mats, lora
         self.b = GraphBuilder(kind)
         self.where: dict[str, tuple[Value, Packed, slice]] = {}
-        for name, pk in layouts(m)[kind].items():
-            v = self.b.input(name, [1, pk.channels, 1, pk.width(m.s, mats is None)])
-            for key, cols in pk.columns(m.s).items():
+        dynamic = mats is None
+        for name, pk in sorted(layouts(m, lora)[kind].items()):
+            v = self.b.input(name, [1, pk.channels, 1, pk.width(m.s, dynamic)])
+            for key, cols in pk.columns(m.s, dynamic).items():
                 self.where[key] = (v, pk, cols)
         self._acts: dict[str, Value] = {}
+        self._first: dict[tuple[str, str], Value] = {}
 
     def _slice(self, key: str, name: str) -> Value:
         v, pk, cols = self.where[key]
@@ -149,17 +270,33 @@ class KernelContext:
         return self._acts[name]
 
     def lin(self, act: str, role: str) -> Value:
-        """y `[1, OC, 1, S]` = Mᵀ·act for the weight block `role`."""
-        x, s = self.act(act), self.m.s
-        c = x.shape[1]
+        """y `[1, OC, 1, S]` = Mᵀ·act for the weight block `role`, plus its adapter term."""
+        x = self.act(act)
         if self.mats is not None:  # static: Mᵀ `[OC, C]` as a 1×1 conv weight
-            return self.b.linear(x, np.ascontiguousarray(self.mats[role].T), name=f"{role}_{act}")
-        w = self._slice(role, f"{role}_m")
+            y = self.b.linear(x, np.ascontiguousarray(self.mats[role].T), name=f"{role}_{act}")
+        else:
+            y = self.block_mm(role, x, f"{role}_{act}")
+        g = self.lora.group_of(role) if self.lora is not None else None
+        if g is None:
+            return y
+        if self.kind in FORWARD:  # u = A·x once per adapter, then (sB_role)·u
+            if (g, act) not in self._first:
+                self._first[(g, act)] = self.block_mm(a_key(g), x, f"lora_u_{g}_{act}")
+            extra = self.block_mm(b_key(role), self._first[(g, act)], f"lora_{role}_{act}")
+        else:                     # Aᵀ·((sB_role)ᵀ·dy)
+            v = self.block_mm(b_key(role), x, f"lora_v_{role}_{act}")
+            extra = self.block_mm(a_key(g), v, f"lora_{role}_{act}")
+        return self.b.add(y, extra, name=f"{role}_{act}_lora")
+
+    def block_mm(self, key: str, x: Value, name: str) -> Value:
+        """Mᵀ·x `[1, OC, 1, S]` for the staged block M `[C, OC]` at `key`, x `[1, C, 1, S]`."""
+        s, c = self.m.s, x.shape[1]
+        w = self._slice(key, f"{name}_m")
         oc = w.shape[3]
-        w4 = self.b.reshape(w, [1, 1, c, oc], name=f"{role}_m4")        # [1, 1, C, OC]
-        x4 = self.b.reshape(x, [1, 1, c, s], name=f"{role}_{act}4")     # [1, 1, C, S]
-        y = self.b.matmul(w4, x4, transpose_x=True, name=f"{role}_{act}_mm")  # [1, 1, OC, S]
-        return self.b.reshape(y, [1, oc, 1, s], name=f"{role}_{act}")    # [1, OC, 1, S]
+        w4 = self.b.reshape(w, [1, 1, c, oc], name=f"{name}_m4")        # [1, 1, C, OC]
+        x4 = self.b.reshape(x, [1, 1, c, s], name=f"{name}_x4")         # [1, 1, C, S]
+        y = self.b.matmul(w4, x4, transpose_x=True, name=f"{name}_mm")  # [1, 1, OC, S]
+        return self.b.reshape(y, [1, oc, 1, s], name=name)              # [1, OC, 1, S]
 
 
 # ----------------------------------------------------------------- the kernels' arithmetic
@@ -174,6 +311,8 @@ def _wo(k: KernelContext) -> dict[str, Value]:
 
 def _ffn_up(k: KernelContext) -> dict[str, Value]:
     b = k.b
+    if not k.m.gated:
+        return {"h1": k.lin("x2n", "w1")}
     h1, h3 = k.lin("x2n", "w1"), k.lin("x2n", "w3")
     # silu as x·sigmoid(x) (CONTRACTS §2 conservative form)
     act = b.mul(h1, b.sigmoid(h1, name="h1_sig"), name="h1_silu")
@@ -189,6 +328,8 @@ def _ffn_down_dx(k: KernelContext) -> dict[str, Value]:
 
 
 def _ffn_up_dx(k: KernelContext) -> dict[str, Value]:
+    if not k.m.gated:
+        return {"dx": k.lin("dh1", "w1")}
     return {"dx": k.b.add(k.lin("dh1", "w1"), k.lin("dh3", "w3"), name="dx_sum")}
 
 
@@ -207,13 +348,15 @@ _BODY = {"qkv": _qkv, "wo": _wo, "ffn_up": _ffn_up, "ffn_down": _ffn_down,
          "sdpa_fwd": training_attn.sdpa_fwd, "sdpa_bwd": training_attn.sdpa_bwd}
 
 
-def build_graph(kind: str, m: Dims, mats: dict[str, np.ndarray] | None = None) -> Graph:
-    """Kernel `kind` as a graph: dynamic (weights in the inputs) unless `mats` bakes them."""
+def build_graph(kind: str, m: Dims, mats: dict[str, np.ndarray] | None = None,
+                lora: LoraLayout | None = None) -> Graph:
+    """Kernel `kind` as a graph: dynamic (weights in the inputs) unless `mats` bakes them;
+    with `lora`, the adapter blocks as inputs (module doc)."""
     if kind not in _BODY:
         raise ShapeError(f"unknown training kernel {kind!r}; expected one of {', '.join(KINDS)}")
-    if mats is not None and set(mats) != set(ROLES[kind]):
-        raise ShapeError(f"kernel {kind}: expected weights {sorted(ROLES[kind])}, got {sorted(mats)}")
-    ctx = KernelContext(kind, m, mats if kind in WEIGHTED else None)
+    if mats is not None and set(mats) != set(kernel_roles(kind, m)):
+        raise ShapeError(f"kernel {kind}: expected weights {sorted(kernel_roles(kind, m))}, got {sorted(mats)}")
+    ctx = KernelContext(kind, m, mats if kind in WEIGHTED else None, lora)
     outs = _BODY[kind](ctx)
     for name in sorted(outs):  # alphabetical: the strict binding order, so no renames
         ctx.b.output(name, outs[name])

@@ -51,10 +51,24 @@ class CausalLM:
     """float32 numpy forward with a KV cache. `device` is what `anelm generate` reports."""
 
     device = "cpu"
+    adapter = None  # the LoRA adapter (`adapters.Adapter`) on the projections, or None
 
     def __init__(self, config: Any, weights: dict[str, np.ndarray]):
         self.config = config
         self.weights = check_weights(weights, self.expected_shapes(config), f"{config.model_type} weights")
+
+    def set_adapter(self, adapter: Any) -> None:
+        """Run with `adapter` from now on (None: the base alone); the base weights stay as they are."""
+        if adapter is not None:
+            from .adapters import check_fits
+
+            check_fits(adapter, self.config)
+        self.adapter = adapter
+
+    def adapted(self, module: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """y = W x of projection `module` plus the adapter's scale · B (A x) where it has one."""
+        delta = None if self.adapter is None else self.adapter.delta(module, x)
+        return y if delta is None else y + delta
 
     @staticmethod
     def expected_shapes(config: Any) -> dict[str, tuple[int, ...]]:

@@ -21,3 +21,8 @@ class InputError(AnelmError):
 
 class ContextError(InputError):
     """More positions than the model's context holds."""
+
+
+class AdapterError(AnelmError):
+    """A LoRA adapter that does not fit: not LoRA, a rank or target the base cannot take,
+    tensors shaped for another base, or files that are missing."""

@@ -70,7 +70,8 @@ class Model(CausalLM):
     def project(self, i: int, name: str, x: np.ndarray) -> np.ndarray:
         """Layer i's projection `name` (attn.c_attn ...): every one goes through here, as in
         llama.py, so that anelm.quant.calibrate can watch their inputs."""
-        return self._lin(f"transformer.h.{i}.{name}", x)
+        p = f"transformer.h.{i}.{name}"
+        return self.adapted(p, x, self._lin(p, x))
 
     def _ln(self, name: str, x: np.ndarray) -> np.ndarray:
         return layer_norm(x, self.weights[name + ".weight"], self.weights[name + ".bias"],

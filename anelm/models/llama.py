@@ -76,7 +76,7 @@ class Model(CausalLM):
 
     def project(self, i: int, name: str, x: np.ndarray) -> np.ndarray:
         p = f"model.layers.{i}.{name}"
-        return linear(x, self.weights[p + ".weight"], self.weights.get(p + ".bias"))  # biases are optional
+        return self.adapted(p, x, linear(x, self.weights[p + ".weight"], self.weights.get(p + ".bias")))  # biases optional
 
     def qkv(self, i: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Normed hidden [T, C] -> q [Hq, T, hd], k and v [Hkv, T, hd], before RoPE."""

@@ -7,6 +7,7 @@ names a layer's parts by *role* and asks here for the HF spelling:
     layer_modules("llama")["q"]         -> "self_attn.q_proj"
     weight_name("gpt2", 3, "qkv")       -> "transformer.h.3.attn.c_attn.weight"
     layer_weights(config, weights, 3)   -> layer 3's weights keyed by the names inside the layer
+    target_roles("gpt2", "c_proj")      -> ("o", "proj")   (LoRA targets, `adapters.py`)
 
 Roles: `attn_norm`, `mlp_norm` (the two norms of the stream), `q`, `k`, `v`, `o` (attention
 projections; GPT-2 fuses q, k, v into `qkv`), `q_norm`, `k_norm` (Qwen3's per-head norms),
@@ -29,6 +30,12 @@ MODULES = {
     "qwen3": {**_LLAMA, "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"},
 }
 LAYER_PREFIX = {"gpt2": "transformer.h.{}.", "llama": "model.layers.{}.", "qwen3": "model.layers.{}."}
+# the projections (roles) LoRA may target, in data-flow order; a LoRA target is the last part
+# of the HF module path ("q_proj", "c_attn"), and GPT-2's "c_proj" names two roles (o, proj)
+PROJECTIONS = {"gpt2": ("qkv", "o", "fc", "proj"),
+               "llama": ("q", "k", "v", "o", "gate", "up", "down"),
+               "qwen3": ("q", "k", "v", "o", "gate", "up", "down")}
+DEFAULT_TARGETS = {"gpt2": ("c_attn",), "llama": ("q_proj", "v_proj"), "qwen3": ("q_proj", "v_proj")}
 
 
 def layer_modules(model_type: str) -> dict[str, str]:
@@ -44,6 +51,21 @@ def layer_prefix(model_type: str, layer: int) -> str:
 def weight_name(model_type: str, layer: int, role: str, kind: str = "weight") -> str:
     """The full HF name of a layer part's `weight` (or `bias`)."""
     return f"{layer_prefix(model_type, layer)}{MODULES[model_type][role]}.{kind}"
+
+
+def module_name(model_type: str, layer: int, role: str) -> str:
+    """The full HF module path of a layer part, without `.weight` ("model.layers.3.self_attn.q_proj")."""
+    return f"{layer_prefix(model_type, layer)}{MODULES[model_type][role]}"
+
+
+def target_names(model_type: str) -> tuple[str, ...]:
+    """The LoRA target module names of an architecture, as PEFT's `target_modules` spells them."""
+    return tuple(dict.fromkeys(MODULES[model_type][r].rsplit(".", 1)[-1] for r in PROJECTIONS[model_type]))
+
+
+def target_roles(model_type: str, target: str) -> tuple[str, ...]:
+    """The roles one LoRA target name covers: ("q",) for "q_proj", ("o", "proj") for GPT-2's "c_proj"."""
+    return tuple(r for r in PROJECTIONS[model_type] if MODULES[model_type][r].rsplit(".", 1)[-1] == target)
 
 
 def layer_weights(config: Any, weights: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:

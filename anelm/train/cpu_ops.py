@@ -339,3 +339,31 @@ def cpu_step_flops(cfg: dict, n_tokens: int, rope_on_cpu: bool = True) -> int:
     head = (3 * matmul_flops(v, d, n) + cross_entropy_flops(v, n)
             + rmsnorm_flops(d, n) + rmsnorm_flops(d, n, backward=True) + embed_flops(d, n, True))
     return cfg["num_hidden_layers"] * per_layer + head
+
+
+# --------------------------------------------- GPT-2: LayerNorm over channels, tanh GELU
+
+def layernorm_fwd(x: np.ndarray, w: np.ndarray, b: np.ndarray,
+                  eps: float) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """y = x̂·w + b per column, x̂ = (x − mean)/√(var + eps) (biased var, as torch) → (y, (x̂, rstd))."""
+    _check_2d("layernorm input", x, w.shape[0])
+    xc = x - x.mean(axis=0)
+    rstd = (F32(1.0) / np.sqrt(np.mean(xc * xc, axis=0) + F32(eps))).astype(F32)
+    xhat = xc * rstd
+    return xhat * w[:, None] + b[:, None], (xhat, rstd)
+
+
+def layernorm_bwd(dy: np.ndarray, saved: tuple[np.ndarray, np.ndarray],
+                  w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dx, dw, db): with g = dy·w, dx = rstd·(g − mean_c(g) − x̂·mean_c(g·x̂))."""
+    xhat, rstd = saved
+    g = dy * w[:, None]
+    dx = rstd * (g - g.mean(axis=0) - xhat * np.mean(g * xhat, axis=0))
+    return dx, np.einsum("cs,cs->c", dy, xhat).astype(F32), dy.sum(axis=1, dtype=F32)
+
+
+def gelu_tanh_bwd(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """d/dx of 0.5·x·(1 + tanh(u)), u = c·(x + 0.044715·x³), c = √(2/π) (GPT-2's gelu_new)."""
+    c, k = F32(np.sqrt(2.0 / np.pi)), F32(0.044715)
+    t = np.tanh(c * (x + k * x * x * x))
+    return dy * (F32(0.5) * (F32(1.0) + t) + F32(0.5) * x * (F32(1.0) - t * t) * c * (F32(1.0) + F32(3.0) * k * x * x))

@@ -2,8 +2,8 @@
 
 Rank 0 alone touches the run folder (a fresh run's config.json and tokenizer, or `--resume`'s
 latest checkpoint). It broadcasts a manifest (settings, model config, the tokenizer file's
-bytes, the checkpoint's non-tensor state) and then every tensor: the weights, and on resume
-the AdamW moments. So all ranks start from rank 0's weights and state, even when
+bytes, the checkpoint's non-tensor state) and then every tensor: the weights (for a finetune,
+the adapters and the frozen base), and on resume the AdamW moments. So all ranks start from rank 0's weights and state, even when
 `--init-from` or the run folder exists on rank 0's machine only.
 
 Each other rank reads `--data` itself (the same path on every machine; the token cache makes
@@ -39,7 +39,7 @@ def share_setup(group, make: Callable[[], RunSetup]) -> RunSetup:
             group.broadcast_object({"error": str(e), "usage": isinstance(e, UsageError)})
             raise
         group.broadcast_object(manifest)
-        arrays = _arrays(setup.params, setup.checkpoint)
+        arrays = _arrays(setup.params, setup.checkpoint, setup.frozen)
     else:
         manifest = group.broadcast_object(None)
         if "error" in manifest:
@@ -60,8 +60,9 @@ def tokens_digest(tokens: np.ndarray) -> tuple[int, int]:
 
 # ------------------------------------------------------------------------ rank 0
 
-def _arrays(params: dict, ck: Checkpoint | None) -> dict[str, np.ndarray]:
+def _arrays(params: dict, ck: Checkpoint | None, frozen: dict | None = None) -> dict[str, np.ndarray]:
     out = {f"w.{n}": p for n, p in params.items()}
+    out.update({f"f.{n}": np.ascontiguousarray(p, dtype=np.float32) for n, p in (frozen or {}).items()})
     if ck is not None:
         out.update({f"opt.{n}": np.ascontiguousarray(a, dtype=np.float32) for n, a in ck.optimizer.items()})
     return out
@@ -77,7 +78,7 @@ def _manifest(setup: RunSetup) -> dict:
     return {"run": str(setup.run), "settings": setup.settings.to_dict(), "config": setup.config,
             "tokenizer": (tok.name, tok.read_bytes()) if tok else None,
             "tokens": tokens_digest(setup.data.tokens), "checkpoint": state,
-            "arrays": {n: tuple(a.shape) for n, a in _arrays(setup.params, ck).items()}}
+            "arrays": {n: tuple(a.shape) for n, a in _arrays(setup.params, ck, setup.frozen).items()}}
 
 
 # ------------------------------------------------------------------ other ranks
@@ -99,11 +100,12 @@ def _follower(m: dict, arrays: dict[str, np.ndarray], rank: int) -> tuple[RunSet
         return None, (f"rank {rank}: --data {ds.source} gives {len(ds.tokens)} tokens that differ from "
                       f"rank 0's {m['tokens'][0]}; expected the same data on every machine")
     params = {n[2:]: a for n, a in arrays.items() if n.startswith("w.")}
+    frozen = {n[2:]: a for n, a in arrays.items() if n.startswith("f.")} or None  # finetune: the base
     ck = None
     if m["checkpoint"] is not None:
         ck = Checkpoint(config=m["config"], weights=params,
                         optimizer={n[4:]: a for n, a in arrays.items() if n.startswith("opt.")},
                         **m["checkpoint"])
     setup = RunSetup(Path(m["run"]), settings, args, m["config"], model_config(m["config"]),
-                     params, ds, ds.tokenizer, ck)
+                     params, ds, ds.tokenizer, ck, frozen=frozen)
     return setup, None

@@ -19,7 +19,7 @@ from ..models.names import layer_modules
 from .errors import TrainError
 
 RESIDUAL_PROJECTIONS = tuple(f"{layer_modules('llama')[r]}.weight" for r in ("o", "down"))
-TRAINABLE_TYPES = ("llama", "qwen3")  # what the device training step implements
+TRAINABLE_TYPES = ("llama", "qwen3", "gpt2")  # what the device training steps implement (step.py, step_gpt2.py)
 
 
 def model_config(cfg: dict):

@@ -3,6 +3,7 @@
     bank = DynamicBank(dims, device, weights, n_layers)
     out = bank.run("qkv", layer, {"xn": xn})          # [C, S] float32 in and out, one sequence
     bank.set_weights(new_weights)                      # restage the weight columns, no compile
+    bank.stage_adapters(layer, a, sb)                  # LoRA: restage the adapter blocks only
 
 `KernelBank` holds what both pipelines share: the two weightless attention kernels (one request
 for every layer), the per-evaluation flop counts, and `run`, which writes the activation
@@ -21,7 +22,8 @@ import numpy as np
 from ..compiler.pipeline import compile_graph
 from ..device.fp16 import round_fp16
 from ..errors import CompileError
-from ..kernels.training import BACKWARD, WEIGHTED, WEIGHTLESS, Dims, build_graph, graph_flops, layer_mats, layouts
+from ..kernels.training import (BACKWARD, WEIGHTED, WEIGHTLESS, Dims, LoraLayout, adapter_mats, build_graph,
+                                graph_flops, layer_mats, layouts)
 from ..models.names import layer_prefix
 from ..runtime.kernel import Kernel, Request
 
@@ -36,9 +38,11 @@ class KernelBank:
 
     compiles_per_update = 0
 
-    def __init__(self, dims: Dims, device, n_layers: int):
-        self.dims, self.device, self.n_layers = dims, device, n_layers
-        self.layouts = layouts(dims)
+    def __init__(self, dims: Dims, device, n_layers: int, lora: LoraLayout | None = None,
+                 model_type: str = "llama"):
+        self.dims, self.device, self.n_layers, self.lora = dims, device, n_layers, lora
+        self.model_type = model_type
+        self.layouts = layouts(dims, lora)
         self.flops: dict[str, int] = {}
         self._kernels: list[Kernel] = []
         self._req: dict[tuple[str, int | None], Request] = {}
@@ -76,6 +80,16 @@ class KernelBank:
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         raise NotImplementedError
 
+    def stage_adapters(self, layer: int, a: dict[str, np.ndarray], sb: dict[str, np.ndarray]) -> None:
+        """Write one layer's adapter blocks (A per adapter, scale·B per kernel role) into every
+        kernel that carries them: data only, nothing compiles (`kernels.training` module doc)."""
+        for kind in self.lora.kinds():
+            req, mats = self._req[(kind, layer)], adapter_mats(kind, self.lora, a, sb)
+            for name, pk in self.layouts[kind].items():
+                cols = pk.columns(self.dims.s, self.dynamic)
+                for key, _ in pk.adapters:
+                    req.write(name, mats[key], columns=cols[key])
+
     def close(self) -> None:
         for k in self._kernels:
             k.close()
@@ -87,11 +101,13 @@ class DynamicBank(KernelBank):
     """Weights travel in the inputs: ten compiles in all, none per update."""
 
     compiles_per_update = 0
+    dynamic = True
 
-    def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int):
-        super().__init__(dims, device, n_layers)
+    def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int,
+                 lora: LoraLayout | None = None, model_type: str = "llama"):
+        super().__init__(dims, device, n_layers, lora, model_type)
         for kind in WEIGHTED:
-            kern = self._open(kind, build_graph(kind, dims))
+            kern = self._open(kind, build_graph(kind, dims, lora=lora))
             for layer in range(n_layers):
                 self._req[(kind, layer)] = kern.request()
         self.set_weights(weights)
@@ -101,10 +117,11 @@ class DynamicBank(KernelBank):
         # restaging runs one layer per core (the device is idle meanwhile). A layer's matrices
         # are rounded to fp16 once for both the forward (Wᵀ) and the dx (W) kernels.
         def stage(layer):
-            p = layer_prefix("llama", layer)
+            p = layer_prefix(self.model_type, layer)
             rounded = {k: round_fp16(w) for k, w in weights.items() if k.startswith(p) and w.ndim == 2}
             for kind in WEIGHTED:
-                self._stage(self._req[(kind, layer)], kind, layer_mats(kind, rounded, layer), exact=True)
+                mats = layer_mats(kind, rounded, layer, self.model_type, self.dims)
+                self._stage(self._req[(kind, layer)], kind, mats, exact=True)
 
         with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
             list(pool.map(stage, range(self.n_layers)))

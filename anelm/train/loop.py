@@ -48,8 +48,10 @@ StepFactory = Callable[..., object]  # (config, weights, device, *, seq_len, pip
 
 def device_step_factory(config, weights, device, *, seq_len: int, pipeline: str):
     from .step import DeviceTrainStep  # the device half; imported late, it compiles kernels
+    from .step_gpt2 import GPT2TrainStep
 
-    return DeviceTrainStep(config, weights, device, seq_len=seq_len, pipeline=pipeline)
+    cls = GPT2TrainStep if config.model_type == "gpt2" else DeviceTrainStep
+    return cls(config, weights, device, seq_len=seq_len, pipeline=pipeline)
 
 
 @dataclass
@@ -66,10 +68,11 @@ class Trainer:
 
     def __init__(self, setup: RunSetup, device, *, step_factory: StepFactory = device_step_factory,
                  budget: int | None = None, restart: Callable[[], None] | None = None,
-                 progress: bool | None = None, sync=None):
+                 progress: bool | None = None, sync=None, after_save: Callable[[int, dict], None] | None = None):
         self.s, self.a, self.device = setup, setup.args, device
         self.sync = sync = sync or SOLO
         self.params, self.budget, self.restart = setup.params, budget, restart
+        self.after_save = after_save  # (step, params) once a checkpoint is written (finetune: RUN/adapter)
         self._notice = lambda m: print(f"anelm: {m}", file=sys.stderr, flush=True)
         a = self.a
         self.opt = AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay)
@@ -118,6 +121,8 @@ class Trainer:
                         rng={"data": b["rng"]}, data={"drawn": b["drawn"]},
                         extra={"pending_eval": pending_eval, "world_size": self.sync.world})
         save_checkpoint(self.s.run, ck, keep_last=self.a.keep_last or None)
+        if self.after_save is not None:
+            self.after_save(self.step, self.params)
 
     # ----------------------------------------------------------------- the loop
 
@@ -204,7 +209,7 @@ class Trainer:
             **{k: round(float(stats_sum[k]), 6) for k in ("t_device", "t_cpu", "t_dw") if k in stats_sum},
             **{k: stats_sum[k] for k in ("allreduce_ms", "allreduce_wait_ms", "allreduce_bytes")
                if k in stats_sum},
-            t_step=round(dt, 6))
+            t_step=round(dt, 6), compiles=compile_count())
 
     def _apply(self, grads: dict, scale: float, lr: float) -> dict:
         """Scaler decision, unscale, clip, AdamW, weights to the device. Returns record extras."""

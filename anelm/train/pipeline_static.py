@@ -16,6 +16,9 @@ update has to reach the device again:
 Each (kernel, layer) program lives in its own `ProgramCache`: layers never share a compiled
 program (a blob rewrite must reach one layer only), and closing a replaced kernel unloads it.
 The two weightless attention kernels compile once, as in the dynamic pipeline.
+
+LoRA keeps the base frozen, so its static kernels compile once (8·L + 2) and never again:
+the adapter blocks are inputs here too (`kernels.training`), staged by `stage_adapters`.
 """
 
 from __future__ import annotations
@@ -24,15 +27,18 @@ import numpy as np
 
 from ..compiler.pipeline import compile_graph
 from ..errors import BlobError
-from ..kernels.training import WEIGHTED, Dims, build_graph, layer_mats
+from ..kernels.training import WEIGHTED, Dims, LoraLayout, build_graph, layer_mats
 from ..runtime.cache import ProgramCache
 from ..runtime.kernel import Kernel
 from .kernels_bank import KernelBank
 
 
 class StaticBank(KernelBank):
-    def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int):
-        super().__init__(dims, device, n_layers)
+    dynamic = False
+
+    def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int,
+                 lora: LoraLayout | None = None, model_type: str = "llama"):
+        super().__init__(dims, device, n_layers, lora, model_type)
         self.reload = bool(device.profile.reload_reads_new_weights)
         self.compiles_per_update = 0 if self.reload else len(WEIGHTED) * n_layers
         self._slots: dict[tuple[str, int], tuple[Kernel, ProgramCache]] = {}
@@ -41,7 +47,8 @@ class StaticBank(KernelBank):
                 self._compile(kind, layer, weights)
 
     def _graph(self, kind: str, layer: int, weights: dict[str, np.ndarray]):
-        return build_graph(kind, self.dims, layer_mats(kind, weights, layer))
+        return build_graph(kind, self.dims, layer_mats(kind, weights, layer, self.model_type, self.dims),
+                           lora=self.lora)
 
     def _compile(self, kind: str, layer: int, weights: dict[str, np.ndarray]) -> None:
         """A fresh program for one (kernel, layer); the one it replaces is closed and unloaded."""

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -47,16 +48,28 @@ class RunSetup:
     tokenizer: object
     checkpoint: Checkpoint | None  # the state to resume from (None: step 0)
     created: bool = False          # this call created the run folder (a fresh run into a new --out)
+    frozen: dict[str, np.ndarray] | None = None  # weights the run does not train (finetune: the base)
 
 
-def prepare(explicit: dict, out: str | os.PathLike, resume: bool) -> RunSetup:
-    """Everything the trainer needs, from the typed flags (`explicit`: name → value or None)."""
+@dataclass(frozen=True)
+class Trains:
+    """What a run trains, for `--resume`: the tensors its checkpoints hold and their step-0
+    values. `anelm train`: every weight of the model; `anelm finetune` (train/lora.py): adapters."""
+
+    shapes: Callable[[object, dict], dict]                 # (model config, config.json) -> name -> shape
+    initial: Callable[[object, TrainSettings, dict], dict]  # (model config, settings, config.json) -> params
+
+
+def prepare(explicit: dict, out: str | os.PathLike, resume: bool, extra: dict | None = None,
+            trains: "Trains | None" = None) -> RunSetup:
+    """Everything the trainer needs, from the typed flags (`explicit`: name → value or None).
+    `extra`: more keys for a fresh run's config.json; `trains`: see `Trains` (default: weights)."""
     run = Path(out).absolute()
     if resume:
-        return _resume(run, explicit)
+        return _resume(run, explicit, trains or WEIGHTS)
     created = not run.exists()
     try:
-        setup = _fresh(run, explicit)
+        setup = _fresh(run, explicit, extra or {})
         setup.created = created
         return setup
     except BaseException:
@@ -67,7 +80,7 @@ def prepare(explicit: dict, out: str | os.PathLike, resume: bool) -> RunSetup:
 
 # ------------------------------------------------------------------------ fresh runs
 
-def _fresh(run: Path, explicit: dict) -> RunSetup:
+def _fresh(run: Path, explicit: dict, extra: dict) -> RunSetup:
     if (run / "config.json").exists():
         raise TrainError(f"{run} already holds a run (config.json); expected a new --out folder, "
                          "or --resume to continue it")
@@ -95,7 +108,7 @@ def _fresh(run: Path, explicit: dict) -> RunSetup:
     _special_ids(cfg, ds.tokenizer)
     ds.check_vocab(int(cfg["vocab_size"]))
     config = model_config(cfg)
-    full = {**cfg, **config.to_dict(), SETTINGS_KEY: settings.to_dict()}
+    full = {**cfg, **config.to_dict(), SETTINGS_KEY: settings.to_dict(), **extra}
     _save_tokenizer(run, ds)
     write_json(run / "config.json", full)
     if weights is None:
@@ -156,7 +169,7 @@ def _save_tokenizer(run: Path, ds: Dataset) -> None:
 
 # ----------------------------------------------------------------------------- resume
 
-def _resume(run: Path, explicit: dict) -> RunSetup:
+def _resume(run: Path, explicit: dict, trains: Trains) -> RunSetup:
     saved = read_json(run / "config.json", what="run config") if run.is_dir() else None
     if saved is None or SETTINGS_KEY not in saved:
         raise TrainError(f"nothing to resume in {run}: expected a run folder written by anelm train "
@@ -171,10 +184,10 @@ def _resume(run: Path, explicit: dict) -> RunSetup:
                       bpe_vocab_size=args.bpe_vocab_size or int(saved["vocab_size"]))
     ds.check_vocab(config.vocab_size)
     full = {**saved, SETTINGS_KEY: settings.to_dict()}
-    shapes = weight_shapes(config)
+    shapes = trains.shapes(config, full)
     path = latest_checkpoint(run)
     if path is None:
-        params = _initial_weights(config, args)
+        params = trains.initial(config, args, full)
         ckpt = None
     else:
         ckpt = load_checkpoint(path, config=full, shapes=shapes)
@@ -200,11 +213,14 @@ def _note_changes(saved: dict, now: TrainSettings) -> None:
                   "started; the resumed run will not match an uninterrupted one", file=sys.stderr)
 
 
-def _initial_weights(config, args: TrainSettings) -> dict[str, np.ndarray]:
+def _initial_weights(config, args: TrainSettings, full: dict) -> dict[str, np.ndarray]:
     # the run died before its first checkpoint: rebuild its step-0 weights
     if args.init_from:
         return load_pretrained(args.init_from)[1]
     return init_weights(config, args.seed)
+
+
+WEIGHTS = Trains(lambda config, full: weight_shapes(config), _initial_weights)
 
 
 # ------------------------------------------------------------------------------ files

@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import ShapeError, UsageError
 from ..kernels.training import Dims
 from ..models.config import LlamaConfig
-from ..models.names import weight_name
+from ..models.names import layer_prefix, weight_name
 from ..runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
 from . import cpu_ops as ops
 from .kernels_bank import DynamicBank
@@ -75,12 +75,8 @@ class DeviceTrainStep:
     """Loss and every parameter gradient of a Llama/Qwen3 model, device + CPU (see module doc)."""
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int,
-                 pipeline: str = "dynamic"):
-        if not isinstance(config, LlamaConfig):
-            raise UsageError(f"training needs a Llama or Qwen3 config, got {type(config).__name__}")
-        if config.attention_bias or config.mlp_bias:
-            raise UsageError("training supports bias-free Llama/Qwen3 layers; expected attention_bias "
-                             "and mlp_bias false")
+                 pipeline: str = "dynamic", lora=None):
+        self._check_config(config)
         if pipeline not in PIPELINES:
             raise UsageError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
         self.cfg, self.pipeline = config, pipeline
@@ -89,13 +85,22 @@ class DeviceTrainStep:
         self.qk_norm = config.model_type == "qwen3"
         self.w = _check_weights(config, weights)
         bank = DynamicBank if pipeline == "dynamic" else StaticBank
-        self.bank = bank(self.dims, device, self.w, self.n_layers)
+        # lora: kernels.training.LoraLayout, the adapter blocks of the LoRA step (lora_step.py)
+        self.bank = bank(self.dims, device, self.w, self.n_layers, lora, config.model_type)
         self._pool = WorkQueue("anelm-dw")
         self._blas = share_blas_between(2)  # device evals and dW run BLAS concurrently
         # the forward pass may take every core, but for small matrices (the tiny preset) the
         # extra BLAS threads cost more than they give: measured 41 s vs 37 s for 30 tiny steps
         self._wide = self.dims.d * self.dims.s >= 1 << 16
         self._rope_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @staticmethod
+    def _check_config(config) -> None:
+        if not isinstance(config, LlamaConfig):
+            raise UsageError(f"training needs a Llama or Qwen3 config, got {type(config).__name__}")
+        if config.attention_bias or config.mlp_bias:
+            raise UsageError("training supports bias-free Llama/Qwen3 layers; expected attention_bias "
+                             "and mlp_bias false")
 
     @property
     def compiles_per_update(self) -> int:
@@ -112,9 +117,7 @@ class DeviceTrainStep:
         self._begin(x, y)
         with np.errstate(all="ignore"):
             xf = self._forward(np.asarray(x), keep=False)[0]
-            logits = ops.classifier_fwd(self._head(), ops.rmsnorm_fwd(xf, self.w["model.norm.weight"],
-                                                                      self.cfg.rms_norm_eps)[0])
-            return ops.cross_entropy(logits, np.asarray(y).reshape(-1))[0]
+            return ops.cross_entropy(self._logits(xf), np.asarray(y).reshape(-1))[0]
 
     def loss_and_grads(self, x: np.ndarray, y: np.ndarray, loss_scale: float = 1.0,
                        sink=None) -> tuple[float, dict[str, np.ndarray], dict]:
@@ -131,21 +134,23 @@ class DeviceTrainStep:
             with all_blas_threads() if self._wide else nullcontext():  # no dW job runs beside it
                 xl, caches = self._forward(ids, keep=True)
                 loss, dy, grads, (dlog, xf) = self._loss_head(xl, targets, float(loss_scale))
-            head = "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight"
+            head = self._head_name()
             self._dw(jobs, head, dlog, xf)
-            if sink is not None and head == "lm_head.weight":  # tied: the embedding adds to it
+            if sink is not None and head == "lm_head.weight" and head in jobs:  # tied: the embedding adds to it
                 sink.offer({head: jobs[head]})
             for i in reversed(range(self.n_layers)):
                 dy = self._layer_bwd(i, dy, caches[i], grads, jobs)
                 if sink is not None:
-                    p = f"model.layers.{i}."
-                    sink.offer({n: v for d in (grads, jobs) for n, v in d.items() if n.startswith(p)})
+                    p = layer_prefix(self.cfg.model_type, i)
+                    sink.offer({n: v for d in (grads, jobs) for n, v in d.items()
+                                if n.startswith(p) and self._keep(n)})
             t_wait = time.perf_counter()
             self._pool.help_until_done(list(jobs.values()))
             t_wait = time.perf_counter() - t_wait
             grads.update({n: j.result() for n, j in jobs.items()})
             self._t["dw"] = sum(j.seconds for j in jobs.values())
             self._embed_bwd(dy, ids, grads)
+            grads = {n: g for n, g in grads.items() if self._keep(n)}
             stats = {}
             if sink is not None:
                 grads = sink.finish(grads)
@@ -177,8 +182,12 @@ class DeviceTrainStep:
         self._flops = 0
         self._batch = x.shape[0]
         if self._batch not in self._rope_cache:
-            self._rope_cache[self._batch] = _rope(self.cfg, s, self._batch)
+            self._rope_cache[self._batch] = self._tables(s, self._batch)
         self._cos, self._sin = self._rope_cache[self._batch]
+
+    def _tables(self, seq: int, batch: int):
+        """What every layer needs about the positions: RoPE's cos, sin tables."""
+        return _rope(self.cfg, seq, batch)
 
     def _stats(self, n_tokens: int, t_main: float) -> dict:
         return {"device_flops": int(self._flops),
@@ -192,8 +201,15 @@ class DeviceTrainStep:
         per_layer = ops.rope_flops(c, n) + (ops.rmsnorm_flops(c, n) if self.qk_norm else 0)
         return self.n_layers * per_layer
 
+    def _head_name(self) -> str:
+        return "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight"
+
     def _head(self) -> np.ndarray:
-        return self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        return self.w[self._head_name()]
+
+    def _logits(self, xl: np.ndarray) -> np.ndarray:
+        xf = ops.rmsnorm_fwd(xl, self.w["model.norm.weight"], self.cfg.rms_norm_eps)[0]
+        return ops.classifier_fwd(self._head(), xf)
 
     def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
         """Kernel `kind` of `layer` on each sequence; acts and results `[C, B·S]` float32."""
@@ -212,6 +228,10 @@ class DeviceTrainStep:
         self._flops += self.bank.flops[kind] * self._batch
         self._t["device"] += time.perf_counter() - t0
         return out
+
+    def _keep(self, name: str) -> bool:
+        """Whether gradient `name` is returned: every weight's here (LoRA keeps its adapters')."""
+        return True
 
     def _dw(self, jobs: dict, name: str, dy: np.ndarray, x: np.ndarray) -> None:
         """Queue dW = dy·xᵀ for weight `name` on the worker thread."""

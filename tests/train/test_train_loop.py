@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig as HFLlamaConfig, LlamaForCausalLM
 
+from anelm.device.base import compile_count
 from anelm.train.corpus import write_corpus
 from anelm.train import loop
 from anelm.train.data import Batcher, unigram_entropy
@@ -162,8 +163,10 @@ def test_metrics_eval_checkpoints_and_plot(tmp_path, data_file, monkeypatch):
     recs = read_metrics(setup.run)
     steps = [r for r in recs if "loss" in r]
     evals = [r for r in recs if "eval_loss" in r]
-    need = {"step", "loss", "lr", "loss_scale", "tokens_per_s", "device", "device_flops", "cpu_flops"}
+    need = {"step", "loss", "lr", "loss_scale", "tokens_per_s", "device", "device_flops", "cpu_flops",
+            "compiles"}
     assert all(need <= set(r) for r in steps) and len(steps) == 10
+    assert all(r["compiles"] == compile_count() for r in steps)  # the process's count (CONTRACTS §9)
     # the loop adds AdamW's 14 flops per parameter to the step's own CPU count
     n = sum(p.size for p in setup.params.values())
     assert steps[0]["cpu_flops"] == 5 + 14 * n and steps[0]["device_flops"] == 10
