@@ -59,4 +59,5 @@ def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto
         model = build_model(config, weights)
         model.set_adapter(adapter)
         return model
-    return pipeline.build_runner(config, weights, device, max_context, profile=profile, adapter=adapter)
+    extra = {} if adapter is None else {"adapter": adapter}  # a pipeline without adapters still serves the base
+    return pipeline.build_runner(config, weights, device, max_context, profile=profile, **extra)
