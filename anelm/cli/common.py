@@ -12,6 +12,22 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
                    help="chip-profile JSON (default: $ANELM_PROFILE, else the built-in 'strict')")
 
 
+def add_adapter_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--adapter", metavar="DIR", default=None,
+                   help="run with a LoRA adapter: a finetune RUN folder or a PEFT LoRA folder for this base")
+
+
+def adapter_from_args(args, config):
+    """The LoRA adapter of --adapter, checked against the base (None without the flag)."""
+    if getattr(args, "adapter", None) is None:
+        return None
+    from ..models.adapters import load_peft
+    from ..quant.folder import refuse_quantized
+
+    refuse_quantized(args.model, "--adapter")
+    return load_peft(args.adapter, config)
+
+
 def add_distributed_args(p: argparse.ArgumentParser) -> None:
     """Data-parallel training flags (CONTRACTS §12), shared by train and finetune."""
     p.add_argument("--distributed", action="store_true",

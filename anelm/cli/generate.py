@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from .common import add_device_args, utf8_text
+from .common import add_adapter_arg, add_device_args, adapter_from_args, utf8_text
 
 
 def notice(msg: str) -> None:
@@ -31,6 +31,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", type=utf8_text,
                    help="stop at this text (repeatable)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    add_adapter_arg(p)
     add_device_args(p)
 
 
@@ -62,15 +63,18 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def start(args: argparse.Namespace, config: Any, weights: Any, max_context: int | None = None) -> Any:
-    """The runner for --device / --profile, with the notices saying what was chosen;
-    `max_context` caps the positions it serves (fewer, better-fitting program sizes)."""
+    """The runner for --device / --profile (and --adapter), with the notices saying what was
+    chosen; `max_context` caps the positions it serves (fewer, better-fitting program sizes)."""
     from ..chip.profile import load_profile
     from ..generate.runner import make_runner
 
     profile = load_profile(args.profile)  # a bad path fails here, even when the CPU path ignores it
-    runner = make_runner(config, weights, args.device, max_context, profile=profile)
+    adapter = adapter_from_args(args, config)
+    runner = make_runner(config, weights, args.device, max_context, profile=profile, adapter=adapter)
     n = sum(int(w.size) for w in weights.values())
     notice(f"model: {config.model_type}, {n / 1e6:.2f}M parameters, context {config.max_position_embeddings}")
+    if adapter is not None:
+        notice(f"adapter: {args.adapter}, LoRA rank {adapter.rank} on {', '.join(adapter.spec.targets)}")
     if runner.device == "cpu":  # get_device announced the device itself otherwise
         notice(f"device: cpu (numpy reference; no device pipeline in this build for --device {args.device})")
     return runner

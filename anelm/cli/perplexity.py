@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import add_device_args, positive_int
+from .common import add_adapter_arg, add_device_args, positive_int
 from .generate import load, start
 
 DEFAULT_WINDOW = 512
@@ -28,6 +28,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                    help="score only the first N tokens of the file (default: all)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_adapter_arg(p)
     add_device_args(p)
 
 

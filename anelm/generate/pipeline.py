@@ -23,6 +23,11 @@ What runs where:
   bandwidth-bound wherever it runs. The CPU's BLAS reads the matrix once per token and keeps
   the logits exact given the last layer's fp16 output.
 
+A LoRA adapter (`set_adapter`) is kernel input data (`kernels/lora.py`): the kernels are built
+with adapter slots of a rank R on a set of projections (those of the first adapter, or
+`lora_rank`/`lora_targets`), and any adapter of rank <= R on those projections, or none, is
+restaged into the same programs: a swap compiles nothing.
+
 A prompt that continues a non-empty cache (a chat turn) and the part of a prompt beyond the
 largest bucket run through the decode programs, one token at a time: prefill programs start at
 position 0, which is what lets one program serve every prompt of its bucket.
@@ -37,27 +42,33 @@ import numpy as np
 
 from ..compiler.pipeline import compile_graph
 from ..device.base import Device
+from ..device.fp16 import round_fp16
 from ..device.select import get_device
 from ..kernels.decode import decode_layer, decode_mask
 from ..kernels.layers import layer_params, layer_shape, rope_full_tables, stream_scale_for
+from ..kernels.lora import layer_lora, plan_slots
 from ..kernels.prefill import prefill_layer
+from ..models.errors import AdapterError
 from ..models.layers import rope_inv_freq, rope_tables
 from ..models.loading import build_model
-from ..models.names import layer_weights
+from ..models.names import layer_weights, target_roles
 from ..runtime.kernel import Kernel
 from .device_plan import MAX_CONTEXT, DeviceCache, plan_sizes
 
 
 def build_runner(config: Any, weights: dict[str, np.ndarray], device: str | Device = "auto",
-                 max_context: int | None = None, profile: Any = None) -> "DeviceRunner":
+                 max_context: int | None = None, profile: Any = None, adapter: Any = None,
+                 lora_rank: int | None = None, lora_targets: tuple[str, ...] | None = None) -> "DeviceRunner":
     """The device Runner for `config` and sanitized float32 `weights` (anelm.models.loading).
 
     `device` is "auto" | "ane" | "emulator" (anelm.device.select, under `profile`: a
     ChipProfile, or None for ANELM_PROFILE, else strict) or a Device. `max_context` caps the positions a cache holds (default: the model's context,
-    at most MAX_CONTEXT, since every decode step reads its cache tier whole).
+    at most MAX_CONTEXT, since every decode step reads its cache tier whole). `adapter`: a LoRA
+    adapter to run with (`models.adapters`); `lora_rank`/`lora_targets` (HF module names)
+    reserve kernel slots for the adapters to come, when they exceed the first one's.
     """
     dev = device if isinstance(device, Device) else get_device(device, profile)
-    return DeviceRunner(config, weights, dev, max_context)
+    return DeviceRunner(config, weights, dev, max_context, adapter, lora_rank, lora_targets)
 
 
 def calibration_ids(config: Any, n: int = 16) -> list[int]:
@@ -71,9 +82,11 @@ class DeviceRunner:
     """A Runner whose decoder layers run as compiled programs on `device`."""
 
     def __init__(self, config: Any, weights: dict[str, np.ndarray], device: Device,
-                 max_context: int | None = None):
+                 max_context: int | None = None, adapter: Any = None, lora_rank: int | None = None,
+                 lora_targets: tuple[str, ...] | None = None):
         self.config = config
         self.cpu = build_model(config, weights)  # checks every weight; embed and head run on it
+        self.cpu.set_adapter(adapter)  # the stream's range is measured with the adapter on
         self.dev, self.device = device, device.name
         n = config.num_hidden_layers
         context = min(config.max_position_embeddings, max_context or MAX_CONTEXT)
@@ -89,6 +102,13 @@ class DeviceRunner:
         if self.rope:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.kernels: dict[tuple[str, int, int], Kernel] = {}  # (kind, layer, size), compiled on first use
+        self.quantized = quant is not None
+        self.lora_slots, self.lora_inputs = (), [{} for _ in range(n)]  # per layer: input name -> array
+        if adapter is not None or lora_rank is not None or lora_targets is not None:
+            roles = adapter.roles() if lora_targets is None else tuple(
+                dict.fromkeys(r for t in lora_targets for r in target_roles(config.model_type, t)))
+            self._reserve(lora_rank or adapter.rank, roles)
+        self.set_adapter(adapter)
 
     # --- Runner interface -------------------------------------------------------------------
     def new_cache(self) -> DeviceCache:
@@ -111,6 +131,39 @@ class DeviceRunner:
         self.cpu._check_ids([token], cache)
         return self.cpu.head(self._decode_hidden(int(token), cache))[0]
 
+    def set_adapter(self, adapter: Any) -> None:
+        """Run with LoRA `adapter` from now on (None: the base alone), restaging the kernels'
+        adapter inputs: nothing is compiled. The first adapter of a runner built without
+        slots sets them, if no kernel is compiled yet."""
+        if adapter is None:
+            self.cpu.set_adapter(None)
+            self.lora_inputs = [{n: np.zeros_like(a) for n, a in d.items()} for d in self.lora_inputs]
+            return
+        if self.quantized:
+            raise AdapterError("adapters on a quantized model are not supported yet: expected the "
+                               "unquantized model the adapter was trained on")
+        self.cpu.set_adapter(adapter)  # checks it fits the base
+        if not self.lora_slots:
+            if self.kernels:
+                raise AdapterError("this runner's kernels were compiled without adapter inputs: expected "
+                                   "an adapter (or lora_rank/lora_targets) when the runner is built")
+            self._reserve(adapter.rank, adapter.roles())
+        rank, roles = self.lora_slots[0].rank, {r for s in self.lora_slots for r in s.roles}
+        if adapter.rank > rank or not set(adapter.roles()) <= roles:
+            raise AdapterError(f"adapter of rank {adapter.rank} on {', '.join(adapter.spec.targets)} does not fit "
+                               f"the kernels' slots: expected rank <= {rank} on roles {', '.join(sorted(roles))}")
+        self.lora_inputs = []
+        for i, s in enumerate(self.shapes):
+            pairs = {r: ab for r in roles if (ab := adapter.pair(i, r)) is not None}
+            arrays = layer_lora(s, self.lora_slots, layer_weights(self.config, self.cpu.weights, i), pairs,
+                                adapter.spec.scale)
+            self.lora_inputs.append({n: round_fp16(a) for n, a in arrays.items()})  # fp16 values, staged as exact
+
+    def _reserve(self, rank: int, roles: tuple[str, ...]) -> None:
+        self.lora_slots = plan_slots(self.config, rank, roles)
+        self.lora_inputs = [{n: np.zeros(sh, np.float32) for sl in self.lora_slots
+                             for n, sh in sl.input_shapes().items()} for _ in self.shapes]
+
     def close(self) -> None:
         """Release every kernel (the programs stay in the process-wide cache until evicted)."""
         for k in self.kernels.values():
@@ -126,7 +179,8 @@ class DeviceRunner:
         x = np.zeros((1, d, 1, seq), np.float32)
         x[0, :, 0, :n] = self.cpu.embed(ids, np.arange(n)).T / self.stream_scale  # [n, D] -> [D, n]
         for i in range(len(self.layers)):
-            out = self._kernel("prefill", i, seq).run({"x": x}, exact=() if i == 0 else ("x",))
+            lora = self.lora_inputs[i]
+            out = self._kernel("prefill", i, seq).run({"x": x, **lora}, exact=(*lora, *(() if i == 0 else ("x",))))
             cache.k[i, :, :n] = out["k"].reshape(-1, seq)[:, :n]  # [Hkv, 1, Dh, S] -> [C, S] -> [C, n]
             cache.v[i, :, :n] = out["v"].reshape(-1, seq)[:, :n]
             x = out["y"]
@@ -149,11 +203,12 @@ class DeviceRunner:
             cos, sin = rope_full_tables(*rope_tables(np.array([pos]), self.inv_freq))  # [1, 1, Dh, 1]
             step.update(cos=cos, sin=sin)
         for i in range(len(self.layers)):
+            lora = self.lora_inputs[i]
             out = self._kernel("decode", i, tier).run({
-                "x": x, **step,
+                "x": x, **step, **lora,
                 "k_cache": cache.k[i, :, :tier].reshape(heads),  # [C, T] -> [Hkv, 1, Dh, T]
                 "v_cache": cache.v[i, :, :tier].reshape(heads)},
-                exact=("k_cache", "v_cache") if i == 0 else ("k_cache", "v_cache", "x"))
+                exact=(*lora, "k_cache", "v_cache", *(() if i == 0 else ("x",))))
             cache.k[i, :, pos] = out["k_new"].reshape(-1)  # [Hkv, 1, Dh, 1] -> [C]
             cache.v[i, :, pos] = out["v_new"].reshape(-1)
             x = out["y"]
@@ -167,9 +222,9 @@ class DeviceRunner:
             s, w = self.shapes[i], self.layers[i]
             if kind == "prefill":
                 rope = rope_full_tables(*rope_tables(np.arange(size), self.inv_freq)) if self.rope else None
-                graph = prefill_layer(s, w, size, rope, name=f"prefill_l{i}_s{size}")
+                graph = prefill_layer(s, w, size, rope, name=f"prefill_l{i}_s{size}", lora=self.lora_slots)
             else:
-                graph = decode_layer(s, w, size, self.rope, name=f"decode_l{i}_t{size}")
+                graph = decode_layer(s, w, size, self.rope, name=f"decode_l{i}_t{size}", lora=self.lora_slots)
             art = compile_graph(graph, self.dev.profile)
             # inputs and outputs are declared in alphabetical order: MIL names are ours
             assert not art.meta["aliases"], f"{graph.name}: surfaces were renamed {art.meta['aliases']}"

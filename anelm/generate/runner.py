@@ -42,11 +42,12 @@ class Runner(Protocol):
 
 
 def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto",
-                max_context: int | None = None, profile: Any = None) -> Runner:
+                max_context: int | None = None, profile: Any = None, adapter: Any = None) -> Runner:
     """The device pipeline's runner (`anelm.generate.pipeline.build_runner`) when that module
     exists, else the CPU numpy reference; `runner.device` says which one was built.
     `max_context` caps the device pipeline's cache and program sizes; `profile` is the chip
-    profile of the device (a ChipProfile; None: ANELM_PROFILE, else strict)."""
+    profile of the device (a ChipProfile; None: ANELM_PROFILE, else strict); `adapter` a LoRA
+    adapter (`anelm.models.adapters`) the runner starts with (`set_adapter` swaps it)."""
     name = f"{__package__}.pipeline"
     try:
         pipeline = importlib.import_module(name)
@@ -55,5 +56,8 @@ def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto
             raise  # the pipeline exists but something it needs is missing: say so
         from ..models.loading import build_model
 
-        return build_model(config, weights)
-    return pipeline.build_runner(config, weights, device, max_context, profile=profile)
+        model = build_model(config, weights)
+        model.set_adapter(adapter)
+        return model
+    extra = {} if adapter is None else {"adapter": adapter}  # a pipeline without adapters still serves the base
+    return pipeline.build_runner(config, weights, device, max_context, profile=profile, **extra)

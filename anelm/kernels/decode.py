@@ -31,7 +31,8 @@ import numpy as np
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Graph, Value
 from .attention import MASK_VALUE
-from .layers import LayerShape, layer_back, layer_front
+from .layers import LayerShape, declare_inputs, layer_back, layer_front
+from .lora import Slot, slot_input_shapes, slot_values
 
 
 def cached_attention(b: GraphBuilder, s: LayerShape, qh: Value, kh: Value, vh: Value,
@@ -50,19 +51,21 @@ def cached_attention(b: GraphBuilder, s: LayerShape, qh: Value, kh: Value, vh: V
     return b.reshape(o, [1, s.heads * s.head_dim, 1, 1], name="attn")  # [Hkv,G,Dh,1] -> [1,H·Dh,1,1]
 
 
-def decode_layer(s: LayerShape, p: dict, capacity: int, rope: bool, name: str = "decode") -> Graph:
+def decode_layer(s: LayerShape, p: dict, capacity: int, rope: bool, name: str = "decode",
+                 lora: tuple[Slot, ...] = ()) -> Graph:
     """One layer for one token over a cache of `capacity` positions (see the module doc);
-    `p` from `layer_params`."""
+    `p` from `layer_params`; `lora`: the adapter slots, whose A and B are inputs too."""
     b = GraphBuilder(name)
     heads = [s.kv_heads, 1, s.head_dim, capacity]
-    cos = b.input("cos", [1, 1, s.head_dim, 1]) if rope else None
-    k_cache = b.input("k_cache", heads)
-    mask = b.input("mask", [1, 1, 1, capacity])
-    sin = b.input("sin", [1, 1, s.head_dim, 1]) if rope else None
-    v_cache = b.input("v_cache", heads)
-    x = b.input("x", [1, s.d, 1, 1])
-    qh, kh, vh, k, v = layer_front(b, s, p, x, (cos, sin) if rope else None)
-    y = layer_back(b, s, p, x, cached_attention(b, s, qh, kh, vh, k_cache, v_cache, mask))
+    shapes = {"k_cache": heads, "mask": [1, 1, 1, capacity], "v_cache": heads, "x": [1, s.d, 1, 1],
+              **slot_input_shapes(lora)}
+    if rope:
+        shapes.update(cos=[1, 1, s.head_dim, 1], sin=[1, 1, s.head_dim, 1])
+    i = declare_inputs(b, shapes)
+    x, adapter = i["x"], slot_values(i, lora)
+    qh, kh, vh, k, v = layer_front(b, s, p, x, (i["cos"], i["sin"]) if rope else None, adapter)
+    y = layer_back(b, s, p, x, cached_attention(b, s, qh, kh, vh, i["k_cache"], i["v_cache"], i["mask"]),
+                   adapter)
     b.output("k_new", k)
     b.output("v_new", v)
     b.output("y", y)

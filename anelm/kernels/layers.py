@@ -26,6 +26,7 @@ from ..ir.graph import Value
 from ..models.names import layer_modules
 from ..quant.core import QLinear
 from ..quant.graph import quant_linear
+from .lora import add_lora
 from .norms import channel_norm, head_rms_norm
 
 GELU_C = math.sqrt(2.0 / math.pi)  # GELU tanh form: u = c·(x + 0.044715·x³)
@@ -151,11 +152,17 @@ def apply_rope(b: GraphBuilder, x: Value, cos: Value, sin: Value, rot: Value, na
     return b.add(b.mul(x, cos, name=f"{name}_c"), b.mul(turned, sin, name=f"{name}_s"), name=name)
 
 
-def _lin(b: GraphBuilder, x: Value, p: dict, key: str) -> Value:
+def _lin(b: GraphBuilder, x: Value, p: dict, key: str, lora: dict | None = None) -> Value:
+    """Projection `key` of x, plus its LoRA term where `lora` (`kernels/lora.py`) has a slot for it."""
     w, bias = p[key]
     if isinstance(w, QLinear):  # int8 weights (anelm.quant): the chip's int8 forms
         return quant_linear(b, x, w, bias, name=f"{key}_proj")
-    return b.linear(x, w, bias, name=f"{key}_proj")
+    return add_lora(b, b.linear(x, w, bias, name=f"{key}_proj"), x, lora, key)
+
+
+def declare_inputs(b: GraphBuilder, shapes: dict[str, list[int]]) -> dict[str, Value]:
+    """Declare a kernel's inputs in alphabetical order, the order strict binds them in (§2.2)."""
+    return {n: b.input(n, shapes[n]) for n in sorted(shapes)}
 
 
 def stream_norm(b: GraphBuilder, s: LayerShape, x: Value, name: str) -> Value:
@@ -170,15 +177,16 @@ def gelu_tanh(b: GraphBuilder, x: Value, name: str = "gelu") -> Value:
     return b.mul(x, b.sigmoid(b.mul(x, inner, name=f"{name}_2u"), name=f"{name}_sig"), name=name)
 
 
-def layer_front(b: GraphBuilder, s: LayerShape, p: dict, x: Value, rope: tuple[Value, Value] | None
-                ) -> tuple[Value, Value, Value, Value, Value]:
-    """Norm, Q/K/V projections, Qwen3's q/k norms and RoPE for x `[1, D, 1, S]`.
+def layer_front(b: GraphBuilder, s: LayerShape, p: dict, x: Value, rope: tuple[Value, Value] | None,
+                lora: dict | None = None) -> tuple[Value, Value, Value, Value, Value]:
+    """Norm, Q/K/V projections, Qwen3's q/k norms and RoPE for x `[1, D, 1, S]`; `lora`: the
+    adapter inputs by projection (`lora.slot_values`), None for the base alone.
 
     Returns (q heads `[Hkv, G, Dh, S]`, k heads `[Hkv, 1, Dh, S]`, v heads `[Hkv, 1, Dh, S]`,
     then k and v as the cache stores them: heads `[Hkv, 1, Dh, S]`, the bytes of `[1, C, 1, S]`).
     """
     seq, hd, kv, h = x.shape[3], s.head_dim, s.kv_heads, s.heads
-    qkv = _lin(b, stream_norm(b, s, x, "attn_norm"), p, "qkv")
+    qkv = _lin(b, stream_norm(b, s, x, "attn_norm"), p, "qkv", lora)
     heads = b.reshape(qkv, [h + 2 * kv, 1, hd, seq], name="qkv_heads")  # [1,(H+2Hkv)·Dh,1,S] -> [H+2Hkv,1,Dh,S]
     qh = b.slice_by_size(heads, [0, 0, 0, 0], [h, 1, hd, seq], name="q_heads")  # [H,1,Dh,S]
     kh = b.slice_by_size(heads, [h, 0, 0, 0], [kv, 1, hd, seq], name="k_heads")  # [Hkv,1,Dh,S]
@@ -195,16 +203,16 @@ def layer_front(b: GraphBuilder, s: LayerShape, p: dict, x: Value, rope: tuple[V
     return qh, kh, vh, kh, vh
 
 
-def layer_back(b: GraphBuilder, s: LayerShape, p: dict, x: Value, attn: Value) -> Value:
+def layer_back(b: GraphBuilder, s: LayerShape, p: dict, x: Value, attn: Value, lora: dict | None = None) -> Value:
     """Output projection and residual, then norm, MLP and residual: the next hidden state."""
-    x2 = b.add(x, _lin(b, attn, p, "o"), name="resid1")
+    x2 = b.add(x, _lin(b, attn, p, "o", lora), name="resid1")
     h = stream_norm(b, s, x2, "mlp_norm")
     if s.gpt2:
-        m = _lin(b, gelu_tanh(b, _lin(b, h, p, "fc")), p, "proj")
+        m = _lin(b, gelu_tanh(b, _lin(b, h, p, "fc", lora)), p, "proj", lora)
     else:  # SwiGLU; silu as x·sigmoid(x) (CONTRACTS §2 conservative form)
-        g = _lin(b, h, p, "gate")
+        g = _lin(b, h, p, "gate", lora)
         act = b.mul(g, b.sigmoid(g, name="mlp_sig"), name="mlp_silu")
-        m = _lin(b, b.mul(act, _lin(b, h, p, "up"), name="mlp_prod"), p, "down")
+        m = _lin(b, b.mul(act, _lin(b, h, p, "up", lora), name="mlp_prod"), p, "down", lora)
     return b.add(x2, m, name="resid2")
 
 

@@ -16,11 +16,12 @@ import numpy as np
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Graph
 from .attention import causal_mask
-from .layers import LayerShape, full_attention, layer_back, layer_front
+from .layers import LayerShape, declare_inputs, full_attention, layer_back, layer_front
+from .lora import Slot, slot_input_shapes, slot_values
 
 
 def prefill_layer(s: LayerShape, p: dict, seq: int, rope: tuple[np.ndarray, np.ndarray] | None = None,
-                  name: str = "prefill", kv_outputs: bool = True) -> Graph:
+                  name: str = "prefill", kv_outputs: bool = True, lora: tuple[Slot, ...] = ()) -> Graph:
     """One layer over positions 0..seq-1: x `[1, D, 1, seq]` -> k, v `[Hkv, 1, Dh, seq]`
     (the cache's `[1, C, 1, seq]` bytes) and y `[1, D, 1, seq]`; `p` from `layer_params`.
 
@@ -28,16 +29,18 @@ def prefill_layer(s: LayerShape, p: dict, seq: int, rope: tuple[np.ndarray, np.n
     baked as consts: prefill always starts at position 0, so one program serves every prompt
     of the bucket. A prompt shorter than `seq` is zero-padded; the causal mask keeps the padding
     (later positions) out of every real position's attention. `kv_outputs=False` returns y only.
+    `lora`: the adapter slots (`lora.plan_slots`), whose A and B are inputs beside x.
     """
     b = GraphBuilder(name)
-    x = b.input("x", [1, s.d, 1, seq])
+    inputs = declare_inputs(b, {"x": [1, s.d, 1, seq], **slot_input_shapes(lora)})
+    x, adapter = inputs["x"], slot_values(inputs, lora)
     tables = None
     if rope is not None:
         tables = (b.const(rope[0], name="rope_cos", dtype="fp16", blob=True),
                   b.const(rope[1], name="rope_sin", dtype="fp16", blob=True))
-    qh, kh, vh, k, v = layer_front(b, s, p, x, tables)
+    qh, kh, vh, k, v = layer_front(b, s, p, x, tables, adapter)
     mask = b.const(causal_mask(seq), name="causal_mask", dtype="fp16", blob=True)  # [1,1,S,S]
-    y = layer_back(b, s, p, x, full_attention(b, s, qh, kh, vh, mask))
+    y = layer_back(b, s, p, x, full_attention(b, s, qh, kh, vh, mask), adapter)
     if kv_outputs:
         b.output("k", k)
         b.output("v", v)

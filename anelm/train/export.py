@@ -8,7 +8,10 @@
                                  (special tokens, chat template)
     DIR/generation_config.json   BOS/EOS ids
 
-`transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads it. The folder is built in a
+`transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads it. For a finetune RUN (one
+with `adapter/`, CONTRACTS §9) DIR is the PEFT adapter folder instead, which
+`peft.PeftModel.from_pretrained(base, DIR)` loads; `merge=True` writes the whole HF folder
+above with the adapter folded into the base's weights (W += alpha/r · B·A). The folder is built in a
 temporary sibling and renamed into place, so an interrupted export leaves no half folder;
 an existing non-empty DIR is refused, never overwritten.
 """
@@ -33,13 +36,21 @@ class ExportError(AnelmError):
     """A run that cannot be exported, or a destination that cannot take it."""
 
 
-def export_run(run: str | Path, out: str | Path) -> tuple[Path, int | None]:
-    """Write the HF folder; returns (folder, the step of the checkpoint exported; None for a GGUF)."""
+def export_run(run: str | Path, out: str | Path, merge: bool = False,
+               base: str | Path | None = None) -> tuple[Path, int | None]:
+    """Write the HF folder (or a finetune RUN's adapter folder); returns (folder, the step of
+    the checkpoint exported; None for a GGUF or an adapter). `base`: the model a finetune RUN
+    was trained on, when it is no longer where its adapter_config.json says."""
     from ..models.loading import load_model
     from ..quant.folder import refuse_quantized
 
     run, out = Path(run), Path(out)
     refuse_quantized(run, "export")
+    if run.is_dir() and (run / "adapter" / "adapter_config.json").is_file():
+        return export_adapter(run, out, merge, base), None
+    if merge or base is not None:
+        raise ExportError(f"{run} has no adapter/ folder: --merge and --base expected a finetune RUN folder "
+                          "(RUN/adapter/adapter_config.json)")
     if run.is_file() and run.suffix == ".gguf":
         config, weights, tok = load_model(run)
         return _publish(out, lambda d: _write_folder(d, config, weights, tokenizer=tok)), None
@@ -50,6 +61,31 @@ def export_run(run: str | Path, out: str | Path) -> tuple[Path, int | None]:
     src = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
     config, weights, _ = load_model(ckpt)  # one checkpoint: the weights, checked against config
     return _publish(out, lambda d: _write_folder(d, config, weights, run=src)), _step_of(ckpt)
+
+
+def export_adapter(run: Path, out: Path, merge: bool, base: str | Path | None) -> Path:
+    """A finetune RUN's adapter as a PEFT folder, or (`merge`) folded into its base as an HF folder."""
+    from ..models.adapters import load_peft, merge_weights, save_peft
+    from ..models.loading import load_model, read_config
+
+    if not merge:
+        _check_destination(out)
+        return save_peft(load_peft(run, read_config(run)), out)
+    from ..models.errors import LoadError
+
+    named = json.loads((run / "adapter" / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    base = base if base is not None else named if named and Path(named).exists() else None
+    try:  # without a base named, the RUN itself: a train run's checkpoints hold a whole model
+        config, weights, tok = load_model(base if base is not None else run)
+    except LoadError:
+        if base is not None:
+            raise
+        raise ExportError(f"{run}: the base model {named!r} the adapter was trained on is not found: "
+                          "expected --base PATH (the model given to anelm finetune)") from None
+    merged = merge_weights(weights, load_peft(run, config))
+    has_tokenizer = any((run / name).is_file() for name in TOKENIZER_FILES)
+    return _publish(out, lambda d: _write_folder(d, config, merged, run=run if has_tokenizer else None,
+                                                 tokenizer=None if has_tokenizer else tok))
 
 
 def _publish(out: Path, write) -> Path:
