@@ -86,10 +86,16 @@ def _pack_subbyte(arr: np.ndarray, dtype: str) -> bytes:
     return np.packbits(bitplane.astype(np.uint8).reshape(-1), bitorder="little").tobytes()
 
 
-def _payload(arr: np.ndarray, dtype: str) -> bytes:
+def _payload(arr: np.ndarray, dtype: str) -> bytes | memoryview:
+    """The stored bytes: a view of `arr` itself when it already is little-endian C-contiguous."""
     if dtype in SUBBYTE_BITS:
         return _pack_subbyte(arr, dtype)
-    return np.ascontiguousarray(arr, dtype=np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<")).tobytes()
+    a = np.ascontiguousarray(arr, dtype=np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<"))
+    return memoryview(a.reshape(-1).view(np.uint8))
+
+
+def _nbytes(data: bytes | memoryview) -> int:
+    return data.nbytes if isinstance(data, memoryview) else len(data)
 
 
 def encode_blob(arrays: Sequence[np.ndarray], dtypes: Sequence[str | None] | None = None) -> tuple[bytes, list[int]]:
@@ -101,19 +107,22 @@ def encode_blob(arrays: Sequence[np.ndarray], dtypes: Sequence[str | None] | Non
     dtypes = list(dtypes) if dtypes is not None else [None] * len(arrays)
     if len(dtypes) != len(arrays):
         raise BlobError(f"encode_blob got {len(arrays)} arrays but {len(dtypes)} dtypes; expected one per array")
-    out = bytearray(HEADER.pack(len(arrays), VERSION).ljust(ALIGN, b"\0"))
-    offsets = []
+    payloads, offsets, end = [], [], ALIGN
     for arr, dtype in zip(arrays, dtypes):
         arr = np.asarray(arr)
         dtype = dtype or _infer_dtype(arr)
         _check_dtype(dtype)
         data = _payload(arr, dtype)
         pad_bits = len(data) * 8 - arr.size * SUBBYTE_BITS[dtype] if dtype in SUBBYTE_BITS else 0
-        meta_at = _align(len(out))
-        out.extend(b"\0" * (meta_at - len(out)))
-        out.extend(META.pack(SENTINEL, DTYPE_CODES[dtype], len(data), meta_at + ALIGN, pad_bits).ljust(ALIGN, b"\0"))
-        out.extend(data)
+        meta_at = _align(end)
+        payloads.append((meta_at, dtype, data, pad_bits))
         offsets.append(meta_at)
+        end = meta_at + ALIGN + _nbytes(data)
+    out = bytearray(end)  # zeros: the padding and the reserved fields
+    HEADER.pack_into(out, 0, len(arrays), VERSION)
+    for meta_at, dtype, data, pad_bits in payloads:
+        META.pack_into(out, meta_at, SENTINEL, DTYPE_CODES[dtype], _nbytes(data), meta_at + ALIGN, pad_bits)
+        out[meta_at + ALIGN:meta_at + ALIGN + _nbytes(data)] = data  # one copy of each payload
     return bytes(out), offsets
 
 
