@@ -94,10 +94,6 @@ def _payload(arr: np.ndarray, dtype: str) -> bytes | memoryview:
     return memoryview(a.reshape(-1).view(np.uint8))
 
 
-def _nbytes(data: bytes | memoryview) -> int:
-    return data.nbytes if isinstance(data, memoryview) else len(data)
-
-
 def encode_blob(arrays: Sequence[np.ndarray], dtypes: Sequence[str | None] | None = None) -> tuple[bytes, list[int]]:
     """One BLOBFILE holding `arrays` in order; returns the bytes and each MIL offset.
 
@@ -107,23 +103,20 @@ def encode_blob(arrays: Sequence[np.ndarray], dtypes: Sequence[str | None] | Non
     dtypes = list(dtypes) if dtypes is not None else [None] * len(arrays)
     if len(dtypes) != len(arrays):
         raise BlobError(f"encode_blob got {len(arrays)} arrays but {len(dtypes)} dtypes; expected one per array")
-    payloads, offsets, end = [], [], ALIGN
+    parts, offsets, end = [HEADER.pack(len(arrays), VERSION).ljust(ALIGN, b"\0")], [], ALIGN
     for arr, dtype in zip(arrays, dtypes):
         arr = np.asarray(arr)
         dtype = dtype or _infer_dtype(arr)
         _check_dtype(dtype)
         data = _payload(arr, dtype)
-        pad_bits = len(data) * 8 - arr.size * SUBBYTE_BITS[dtype] if dtype in SUBBYTE_BITS else 0
+        size = data.nbytes if isinstance(data, memoryview) else len(data)
+        pad_bits = size * 8 - arr.size * SUBBYTE_BITS[dtype] if dtype in SUBBYTE_BITS else 0
         meta_at = _align(end)
-        payloads.append((meta_at, dtype, data, pad_bits))
+        meta = META.pack(SENTINEL, DTYPE_CODES[dtype], size, meta_at + ALIGN, pad_bits).ljust(ALIGN, b"\0")
+        parts += [b"\0" * (meta_at - end), meta, data]
         offsets.append(meta_at)
-        end = meta_at + ALIGN + _nbytes(data)
-    out = bytearray(end)  # zeros: the padding and the reserved fields
-    HEADER.pack_into(out, 0, len(arrays), VERSION)
-    for meta_at, dtype, data, pad_bits in payloads:
-        META.pack_into(out, meta_at, SENTINEL, DTYPE_CODES[dtype], _nbytes(data), meta_at + ALIGN, pad_bits)
-        out[meta_at + ALIGN:meta_at + ALIGN + _nbytes(data)] = data  # one copy of each payload
-    return bytes(out), offsets
+        end = meta_at + ALIGN + size
+    return b"".join(parts), offsets  # the one copy of each payload
 
 
 def encode_tensor(arr: np.ndarray, dtype: str | None = None) -> bytes:
