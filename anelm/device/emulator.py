@@ -100,7 +100,7 @@ class Emulator(Device):
         func = None
         if plan is None:
             charge_compile(self.profile.compile_budget)
-            from ..mil.parser import parse  # noqa: PLC0415 - the parser pulls in lark; load on use
+            from ..mil.parser import parse  # noqa: PLC0415 - a cache hit never needs the parser
 
             func = parse(mil_text).main
             check_function(func, self.profile, weights)

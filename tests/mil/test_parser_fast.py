@@ -11,7 +11,7 @@ import pytest
 
 from anelm.compiler.pipeline import compile_graph
 from anelm.mil import parser as mil_parser
-from anelm.mil.parser import parse_with_grammar
+from anelm.mil.parser_grammar import parse_with_grammar
 from anelm.mil.parser_fast import NotFast, read_program
 from anelm.mil.program import Literal
 from helpers import shared_path
