@@ -6,23 +6,21 @@
     emu.evaluate(model, in_surfaces, out_surfaces)
 
 What it reproduces (CONTRACTS §2): compile-time rejects (`emulator_checks`), a compile folder
-named by the content key with `model.mil` and the blobs (as the private API needs; written
-when first needed), weights read at compile, positional surface binding in alphabetical
-order, uniform and minimum surface sizes, packed reads and writes at offset 0, fp16 rounding of
-every op result, and the peer switches of the profile. The execution plan (`emulator_plan`) is
+named by the content key with `model.mil` and the blobs (as the private API needs), weights
+read at compile, positional surface binding in alphabetical order, uniform and minimum surface
+sizes, packed reads and writes at offset 0, fp16 rounding of every op result, and the peer
+switches of the profile. The execution plan (`emulator_plan`) is
 built once per cold compile; the on-disk kernel cache (`emulator_cache`) keeps it, as aned
 keeps compiled programs, and a program found there is loaded, not compiled.
 """
 
 from __future__ import annotations
 
-import functools
 import shutil
 import tempfile
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -51,23 +49,13 @@ class EmulatedModel:
     """One compiled program: its folder, parsed function and execution plan."""
 
     key: str
+    folder: Path
     func: Function | None  # None when the plan came from the kernel cache (no parse happened)
     plan: Plan
     weight_paths: list[str] = field(default_factory=list)
     loaded: bool = False
     inputs: list[tuple[str, TensorType]] = field(default_factory=list)  # in binding order
     outputs: list[tuple[str, TensorType]] = field(default_factory=list)
-    write_folder: Callable[[], Path] | None = field(default=None, repr=False)
-    _folder: Path | None = field(default=None, repr=False)
-
-    @property
-    def folder(self) -> Path:
-        """The compile folder, `model.mil` and `weights/`, written when first asked for: only a
-        rewritten blob or a profile that reloads from the folder reads it, and a 12-layer kernel
-        set would otherwise write 170 MB of blobs at every compile."""
-        if self._folder is None:
-            self._folder, self.write_folder = self.write_folder(), None  # the snapshot goes with it
-        return self._folder
 
     def const_owners(self) -> set[int]:
         """ids of the arrays that own the plan's consts' memory."""
@@ -107,11 +95,11 @@ class Emulator(Device):
             plan = build_plan(func, weights, self.profile)
             if store is not None:
                 store.put(key, dump_plan(plan))
+        folder = self._write_folder(key, mil_text, weights)
         ins = bind_order([n for _, n in plan.inputs], self.profile.bind_inputs_alphabetically)
         outs = bind_order(list(plan.outputs), self.profile.bind_outputs_alphabetically)
-        return EmulatedModel(key, func, plan, sorted(weights), inputs=[(n, plan.types[n]) for n in ins],
-                             outputs=[(n, plan.types[n]) for n in outs],
-                             write_folder=functools.partial(self._write_folder, key, mil_text, weights))
+        return EmulatedModel(key, folder, func, plan, sorted(weights), inputs=[(n, plan.types[n]) for n in ins],
+                             outputs=[(n, plan.types[n]) for n in outs])
 
     def load(self, model: EmulatedModel) -> None:
         if self.profile.reload_reads_new_weights and model.weight_paths:
