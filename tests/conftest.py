@@ -30,3 +30,10 @@ def fresh_compile_count():
     base.reset_compile_count()
     yield
     base.reset_compile_count()
+
+
+@pytest.fixture
+def cold_compiles(monkeypatch):
+    """The emulator's on-disk kernel cache off (ANELM_KERNEL_CACHE_MB=0), for tests about cold
+    compiles: with it on, a program an earlier test compiled is loaded, not compiled (§2.7)."""
+    monkeypatch.setenv("ANELM_KERNEL_CACHE_MB", "0")

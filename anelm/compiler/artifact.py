@@ -149,6 +149,34 @@ def _check_blobs(prog: Program, weights: dict[str, bytes]) -> None:
         decode_blob(weights[ref.path], ref.offset, ref.type.dtype, ref.type.shape, source=ref.path)
 
 
+KEY_FORMAT = b"anelm program key 2"  # changes whenever what the key covers changes
+
+
+def profile_identity(profile: ChipProfile) -> str:
+    """The profile's behaviours as canonical JSON: what a compiled program depends on (its name
+    and free-form notes do not change a program)."""
+    d = asdict(profile)
+    for k in ("name", "notes"):
+        d.pop(k)
+    return json.dumps(d, sort_keys=True)
+
+
+def content_key(mil_text: str, weights: dict[str, bytes], profile: ChipProfile = STRICT) -> str:
+    """THE key of a program: its MIL text, every blob by MIL path, and the chip profile.
+
+    Every cache of compiled programs uses it (the in-process program cache, the emulator's
+    compile folders and its on-disk kernel cache), as aned names compiled programs by content.
+    Parts are length-prefixed, so no boundary can shift between the text and the blobs.
+    """
+    h = hashlib.sha256(KEY_FORMAT)
+    parts = [mil_text.encode("utf-8"), profile_identity(profile).encode()]
+    parts += [x for p in sorted(weights) for x in (p.encode("utf-8"), weights[p])]
+    for part in parts:
+        h.update(memoryview(part).nbytes.to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
 @dataclass
 class Artifact:
     mil_text: str
@@ -156,6 +184,7 @@ class Artifact:
     signature: Signature
     meta: dict = field(default_factory=dict)
     _parsed: tuple[str, Program] | None = field(default=None, init=False, repr=False, compare=False)
+    _keyed: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def program(self) -> Program:
         """The parsed MIL, parsed once per text."""
@@ -163,13 +192,19 @@ class Artifact:
             self._parsed = (self.mil_text, parse(self.mil_text))
         return self._parsed[1]
 
-    def key(self) -> str:
-        """Content hash of the text and the weights: the program-cache key."""
-        h = hashlib.sha256()
-        for part in (self.mil_text.encode(), *(x for p in sorted(self.weights) for x in (p.encode(), self.weights[p]))):
-            h.update(len(part).to_bytes(8, "little"))  # length-prefixed, so boundaries cannot shift
-            h.update(part)
-        return h.hexdigest()
+    def key(self, profile: ChipProfile = STRICT) -> str:
+        """`content_key` of this text, these blobs and `profile`, hashed once: the hash of a
+        12-layer kernel set reads 170 MB. It is hashed again only when the text or a blob is
+        another object (blobs are immutable bytes; a bytearray is hashed every time)."""
+        ident = profile_identity(profile)
+        parts = (self.mil_text, tuple(self.weights.items()))
+        memo = self._keyed
+        if memo is not None and memo[0] == ident and _same_objects(memo[1], parts):
+            return memo[2]
+        key = content_key(self.mil_text, self.weights, profile)
+        if all(isinstance(v, bytes) for v in self.weights.values()):
+            self._keyed = (ident, parts, key)
+        return key
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write the kernel folder; refuses weights that the MIL cannot find or read."""
@@ -210,6 +245,12 @@ class Artifact:
         art = cls(text, weights, _load_signature(root, prog, profile), _load_meta(root))
         art._parsed = (text, prog)
         return art
+
+
+def _same_objects(a: tuple, b: tuple) -> bool:
+    (text_a, items_a), (text_b, items_b) = a, b
+    return text_a is text_b and len(items_a) == len(items_b) and all(
+        ka == kb and va is vb for (ka, va), (kb, vb) in zip(items_a, items_b))
 
 
 def _load_signature(root: Path, prog: Program, profile: ChipProfile) -> Signature:

@@ -194,8 +194,10 @@ class AneDevice(Device):
         self._surfaces.add(s)
         return s
 
-    def compile(self, mil_text: str, weights: dict[str, bytes]) -> AneModel:
-        """A program for this text and these blobs; a cold compile only when aned lacks it."""
+    def compile(self, mil_text: str, weights: dict[str, bytes], key: str | None = None) -> AneModel:
+        """A program for this text and these blobs; a cold compile only when aned lacks it.
+        aned names programs by its own content id (`hexStringIdentifier`), so `key` is not
+        needed here: asking aned is the only check that knows what it still holds."""
         for key in weights:
             weight_relpath(key)  # refuse bad keys before any private call
         mil = mil_text.encode("utf-8")

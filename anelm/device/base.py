@@ -123,9 +123,11 @@ class Device(ABC):
         return Surface.host_half
 
     @abstractmethod
-    def compile(self, mil_text: str, weights: dict[str, bytes]):
+    def compile(self, mil_text: str, weights: dict[str, bytes], key: str | None = None):
         """Compile MIL text with its weight blobs. A cold compile counts against the compile
-        budget; a program served from a cache (aned's on a Mac) is loaded, not compiled."""
+        budget; a program served from a cache (the emulator's on-disk one, aned's on a Mac) is
+        loaded, not compiled. `key`: the caller's `compiler.artifact.content_key` of exactly
+        these (text, blobs, this device's profile), which spares hashing them again."""
 
     @abstractmethod
     def load(self, model) -> None: ...

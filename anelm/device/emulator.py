@@ -6,15 +6,16 @@
     emu.evaluate(model, in_surfaces, out_surfaces)
 
 What it reproduces (CONTRACTS §2): compile-time rejects (`emulator_checks`), a compile folder
-named by the content hash with `model.mil` and the blobs (as the private API needs), weights
+named by the content key with `model.mil` and the blobs (as the private API needs), weights
 read at compile, positional surface binding in alphabetical order, uniform and minimum surface
 sizes, packed reads and writes at offset 0, fp16 rounding of every op result, and the peer
-switches of the profile. The execution plan (`emulator_plan`) is built once per compile.
+switches of the profile. The execution plan (`emulator_plan`) is
+built once per cold compile; the on-disk kernel cache (`emulator_cache`) keeps it, as aned
+keeps compiled programs, and a program found there is loaded, not compiled.
 """
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 import weakref
@@ -24,10 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from ..chip.profile import STRICT, ChipProfile
+from ..compiler.artifact import content_key
 from ..errors import BlobError, DeviceError
 from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
+from .emulator_cache import dump_plan, kernel_store, load_plan
 from .emulator_plan import Plan, Resolver, build_plan
 from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
@@ -41,21 +44,13 @@ def bind_order(names: list[str], alphabetical: bool) -> list[str]:
     return sorted(names) if alphabetical else list(names)
 
 
-def content_key(mil_text: str, weights: dict[str, bytes]) -> str:
-    """Hash of the text and every blob: the compile folder's name, like `hexStringIdentifier`."""
-    h = hashlib.sha256(mil_text.encode("utf-8"))
-    for path in sorted(weights):
-        h.update(path.encode("utf-8") + b"\0" + hashlib.sha256(weights[path]).digest())
-    return h.hexdigest()
-
-
 @dataclass(eq=False)
 class EmulatedModel:
     """One compiled program: its folder, parsed function and execution plan."""
 
     key: str
     folder: Path
-    func: Function
+    func: Function | None  # None when the plan came from the kernel cache (no parse happened)
     plan: Plan
     weight_paths: list[str] = field(default_factory=list)
     loaded: bool = False
@@ -79,24 +74,32 @@ class Emulator(Device):
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._root), True)
 
     # --- life cycle -------------------------------------------------------------------------
-    def compile(self, mil_text: str, weights: dict[str, bytes]) -> EmulatedModel:
-        charge_compile(self.profile.compile_budget)
-        from ..mil.parser import parse  # noqa: PLC0415 - the parser pulls in lark; load on use
-
-        func = parse(mil_text).main
+    def compile(self, mil_text: str, weights: dict[str, bytes], key: str | None = None) -> EmulatedModel:
+        """A cold compile (charged), or the plan of the on-disk kernel cache (loaded, not charged:
+        CONTRACTS §2.7). A profile whose reloads read rewritten blobs plans from the folder at
+        every load, so it keeps no cache."""
         weights = {k: bytes(v) for k, v in (weights or {}).items()}  # a snapshot, as the API copies
         for path in weights:
             _rel_path(path)  # a key outside @model_path/ is a bad blob reference
-        check_function(func, self.profile, weights)
-        key = content_key(mil_text, weights)
-        folder = self._write_folder(key, mil_text, weights)
+        key = key or content_key(mil_text, weights, self.profile)
+        store = None if self.profile.reload_reads_new_weights else kernel_store()
         # weights are read now; later rewrites of the folder change nothing unless the profile says
-        plan = build_plan(func, weights, self.profile)
-        types = func.result_types()
-        ins = bind_order([n for _, n in func.inputs], self.profile.bind_inputs_alphabetically)
-        outs = bind_order(list(func.outputs), self.profile.bind_outputs_alphabetically)
-        return EmulatedModel(key, folder, func, plan, sorted(weights),
-                             inputs=[(n, types[n]) for n in ins], outputs=[(n, types[n]) for n in outs])
+        plan = load_plan(store.get(key), weights, self.profile) if store is not None else None
+        func = None
+        if plan is None:
+            charge_compile(self.profile.compile_budget)
+            from ..mil.parser import parse  # noqa: PLC0415 - a cache hit never needs the parser
+
+            func = parse(mil_text).main
+            check_function(func, self.profile, weights)
+            plan = build_plan(func, weights, self.profile)
+            if store is not None:
+                store.put(key, dump_plan(plan))
+        folder = self._write_folder(key, mil_text, weights)
+        ins = bind_order([n for _, n in plan.inputs], self.profile.bind_inputs_alphabetically)
+        outs = bind_order(list(plan.outputs), self.profile.bind_outputs_alphabetically)
+        return EmulatedModel(key, folder, func, plan, sorted(weights), inputs=[(n, plan.types[n]) for n in ins],
+                             outputs=[(n, plan.types[n]) for n in outs])
 
     def load(self, model: EmulatedModel) -> None:
         if self.profile.reload_reads_new_weights and model.weight_paths:

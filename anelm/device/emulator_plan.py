@@ -23,7 +23,7 @@ from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var
 from .emulator_accum import accumulated
 from .emulator_int8 import Int8State, drop_bypassed, note, rewrite
 from .fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted
-from .overflow import Overflow
+from .overflow import FirstOverflow
 
 Resolver = Callable[[str], bytes]
 FLOAT_DTYPES = ("fp16", "fp32")
@@ -118,6 +118,10 @@ class Step:
     free: list[str] = field(default_factory=list)  # values last read here: dropped after the step
     checked: list[Callable] = field(default_factory=list)  # per result: rounder -> (value, all finite)
 
+    def keys(self) -> list[str]:
+        """Every env key the step reads, tuple operands flattened."""
+        return [i for _, key in self.tensors for i in (key if isinstance(key, list) else [key])]
+
 
 @dataclass
 class Plan:
@@ -127,6 +131,9 @@ class Plan:
     consts: dict[str, Any] = field(default_factory=dict)
     steps: list[Step] = field(default_factory=list)
     in_round: dict[str, Callable] = field(default_factory=dict)
+    # what the builder did after resolving and checking, in order, for emulator_record to replay:
+    # (const key, Literal | BlobRef) per const; (node, op, tensors, params, results) per op
+    record: list[tuple] = field(default_factory=list, repr=False)
 
     def run(self, inputs: dict[str, np.ndarray], exact: set[str] | frozenset = frozenset(),
             overflow: list | None = None) -> dict[str, np.ndarray]:
@@ -141,7 +148,7 @@ class Plan:
         for _, name in self.inputs:
             rnd = self.in_round[name]
             env[name] = inputs[name] if name in exact and rnd is round_fp16 else rnd(inputs[name])
-        watch = _Watch() if overflow is not None else None
+        watch = FirstOverflow() if overflow is not None else None
         with np.errstate(all="ignore"):  # fp16 overflow to inf is the modelled behaviour
             for st in self.steps:
                 args = {k: [env[i] for i in key] if isinstance(key, list) else env[key]
@@ -159,61 +166,42 @@ class Plan:
         return {name: env[name] for name in self.outputs}
 
 
-class _Watch:
-    """Finds the first op that made a non-finite result from finite operands. The rounding's
-    count says when a result is not finite; only then are the op's operands looked at, and each
-    value found non-finite is remembered, so an inf that spreads is scanned for once."""
-
-    def __init__(self):
-        self.found: Overflow | None = None
-        self.nonfinite: set[str] = set()
-
-    def step(self, st: Step, res, env: dict) -> None:
-        origin = None
-        for (name, _), chk, r in zip(st.outs, st.checked, res):
-            env[name], finite = chk(r)
-            if not finite:
-                self.nonfinite.add(name)
-                origin = origin if origin is not None else self.operands_finite(st, env)
-        if origin:
-            self.found = Overflow(st.op, st.node)
-
-    def operands_finite(self, st: Step, env: dict) -> bool:
-        for key in _keys(st):
-            v = env[key]
-            if key in self.nonfinite:
-                return False
-            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.isfinite(v).all():
-                self.nonfinite.add(key)
-                return False
-        return True
-
-
 class _Builder:
-    """Turns one Function into a Plan; the checks on names and types happen here."""
+    """Turns one Function into a Plan (`build`; the checks on names and types happen here), or
+    replays the record of an earlier build (`replay`, for the on-disk kernel cache)."""
 
-    def __init__(self, func: Function, resolver: Resolver, profile: ChipProfile):
-        self.func, self.resolver, self.profile = func, resolver, profile
-        self.plan = Plan(list(func.inputs), list(func.outputs), {})
+    def __init__(self, inputs: list[tuple[TensorType, str]], outputs: list[str], resolver: Resolver,
+                 profile: ChipProfile):
+        self.resolver, self.profile = resolver, profile
+        self.plan = Plan(list(inputs), list(outputs), {})
         self.blobs: dict[str, bytes] = {}
         self.int8 = Int8State()  # int8 weights and activations seen so far (emulator_int8)
+        for t, name in inputs:
+            self.plan.types[name] = t
+            self.plan.in_round[name] = make_rounder(t.dtype, profile)
 
-    def build(self) -> Plan:
-        p = self.plan
-        for t, name in self.func.inputs:
-            p.types[name] = t
-            p.in_round[name] = make_rounder(t.dtype, self.profile)
-        for st in self.func.body:
+    def build(self, func: Function) -> Plan:
+        for st in func.body:
             self.const(st) if st.op == "const" else self.statement(st)
-        for name in self.func.outputs:
-            if name not in p.types:
+        for name in func.outputs:
+            if name not in self.plan.types:
                 raise CompileError(name, "returned name is defined by no statement",
                                    "return a variable that a statement binds")
+        return self.finish()
+
+    def replay(self, record: list[tuple]) -> Plan:
+        """The plan `build` made, from its record: no parse, name resolution or type checks."""
+        for entry in record:
+            self.store(*entry) if len(entry) == 2 else self.place(*entry)
+        return self.finish()
+
+    def finish(self) -> Plan:
+        p = self.plan
         drop_bypassed(p, self.int8)
         # keep only the consts a step or the return reads: folded-away operands free their memory
         used = set(p.outputs)
         for step in p.steps:
-            used.update(_keys(step))
+            used.update(step.keys())
         p.consts = {k: v for k, v in p.consts.items() if k in used}
         _plan_frees(p)
         return p
@@ -221,13 +209,17 @@ class _Builder:
     # --- operands -------------------------------------------------------------------------
     def literal(self, key: str, arg: Literal | BlobRef) -> str:
         """Store an inline literal or blob as a const named `key`; return the key."""
+        self.plan.record.append((key, arg))
+        self.store(key, arg)
+        return key
+
+    def store(self, key: str, arg: Literal | BlobRef) -> None:
         if isinstance(arg, BlobRef):
             val = self.decode(arg)
         else:
             val = arg.value
         self.plan.consts[key] = val if isinstance(val, str) else make_rounder(arg.type.dtype, self.profile)(val)
         self.plan.types[key] = arg.type
-        return key
 
     def decode(self, ref: BlobRef) -> np.ndarray:
         from ..mil.blob import decode_blob  # noqa: PLC0415 - sibling module, loaded on first blob
@@ -303,18 +295,23 @@ class _Builder:
         except ShapeError as e:
             raise ShapeError(f"node '{node}': {e}") from None
         self.check_types(st, node, tensors, params)
-        compute = accumulated(st.op, raw_compute(op), st.results[0][0].dtype, self.profile)
+        entry = (node, st.op, tensors, params, [(n, t) for t, n in st.results])
+        self.plan.record.append(entry)
+        self.place(*entry)
+
+    def place(self, node: str, op: str, tensors: list, params: dict, results: list[tuple[str, TensorType]]) -> None:
+        """A resolved, checked statement into the plan: a step, or a fold of consts."""
         pr = self.profile
-        note(self.int8, st.op, dict(tensors), self.plan.consts, params, st.results[0][1])
-        int8 = rewrite(self.int8, st.op, tensors, params, pr.quantize_rounding, pr.accumulator_limit, pr.accumulator)
+        compute = accumulated(op, raw_compute(OP_TABLE[op]), results[0][1].dtype, pr)
+        note(self.int8, op, dict(tensors), self.plan.consts, params, results[0][0])
+        int8 = rewrite(self.int8, op, tensors, params, pr.quantize_rounding, pr.accumulator_limit, pr.accumulator)
         if int8 is not None:  # int8 weights stay int8; the sums are formed as the chip forms them
             compute, tensors = int8
-        step = Step(node, st.op, compute, tensors, params,
-                    [(n, self.rounder(st.op, tensors, t.dtype)) for t, n in st.results],
-                    checked=[_finite_unchanged if self.rounder(st.op, tensors, t.dtype) is _unchanged
-                             else make_checked_rounder(t.dtype, self.profile) for t, _ in st.results])
-        for t, n in st.results:
-            self.plan.types[n] = t
+        rounders = [self.rounder(op, tensors, t.dtype) for _, t in results]
+        step = Step(node, op, compute, tensors, params, [(n, r) for (n, _), r in zip(results, rounders)],
+                    checked=[_finite_unchanged if r is _unchanged else make_checked_rounder(t.dtype, pr)
+                             for (_, t), r in zip(results, rounders)])
+        self.plan.types.update(results)
         if self.foldable(tensors):
             self.fold(step)
         else:
@@ -355,17 +352,13 @@ class _Builder:
             env[name] = r if isinstance(r, str) else rnd(r)
 
 
-def _keys(step: Step) -> list[str]:
-    return [i for _, key in step.tensors for i in (key if isinstance(key, list) else [key])]
-
-
 def _plan_frees(p: Plan) -> None:
     """Mark each computed value to be dropped after the step that reads it last."""
     last: dict[str, int] = {}
     for i, step in enumerate(p.steps):
         for name, _ in step.outs:
             last[name] = i  # a result nobody reads goes right after it is made
-        for k in _keys(step):
+        for k in step.keys():
             last[k] = i
     keep = set(p.outputs) | set(p.consts) | {n for _, n in p.inputs}
     for name, i in last.items():
@@ -378,4 +371,12 @@ def build_plan(func: Function, resolver: Resolver | dict[str, bytes], profile: C
     if isinstance(resolver, dict):
         table = resolver
         resolver = table.__getitem__
-    return _Builder(func, resolver, profile).build()
+    return _Builder(func.inputs, func.outputs, resolver, profile).build(func)
+
+
+def replay_plan(inputs: list[tuple[TensorType, str]], outputs: list[str], record: list[tuple],
+                resolver: Resolver | dict[str, bytes], profile: ChipProfile) -> Plan:
+    """`build_plan`'s plan again from its `Plan.record`, with the blobs `resolver` gives."""
+    if isinstance(resolver, dict):
+        resolver = resolver.__getitem__
+    return _Builder(inputs, outputs, resolver, profile).replay(record)

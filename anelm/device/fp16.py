@@ -16,6 +16,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from ..mil.half import from_half
+
 F16_MAX = 65504.0
 _EXP = np.uint32(0x7F800000)
 _SIGN = np.uint32(0x80000000)
@@ -122,7 +124,7 @@ def round_fp16(a: Any, out: np.ndarray | None = None) -> np.ndarray:
     """
     if getattr(a, "dtype", None) == np.float16:
         if out is None:
-            return a.astype(np.float32)  # already fp16 values (inputs, blobs): exact
+            return from_half(a)  # already fp16 values (inputs, blobs): exact
         out.reshape(-1)[:] = a.reshape(-1)
         return out
     src = np.asarray(a, dtype=np.float32)

@@ -18,6 +18,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
+import numpy as np
+
 _lock = threading.Lock()
 _warned: set[str] = set()  # kernel names that have warned in this process
 
@@ -26,6 +28,36 @@ _warned: set[str] = set()  # kernel names that have warned in this process
 class Overflow:
     op: str  # the MIL op, or "output" where only the outputs are seen
     node: str  # its node name (the output's name)
+
+
+class FirstOverflow:
+    """Finds the first op that made a non-finite result from finite operands. The rounding's
+    count says when a result is not finite; only then are the op's operands looked at, and each
+    value found non-finite is remembered, so an inf that spreads is scanned for once."""
+
+    def __init__(self):
+        self.found: Overflow | None = None
+        self.nonfinite: set[str] = set()
+
+    def step(self, st, res, env: dict) -> None:
+        origin = None
+        for (name, _), chk, r in zip(st.outs, st.checked, res):
+            env[name], finite = chk(r)
+            if not finite:
+                self.nonfinite.add(name)
+                origin = origin if origin is not None else self.operands_finite(st, env)
+        if origin:
+            self.found = Overflow(st.op, st.node)
+
+    def operands_finite(self, st, env: dict) -> bool:
+        for key in st.keys():
+            v = env[key]
+            if key in self.nonfinite:
+                return False
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.isfinite(v).all():
+                self.nonfinite.add(key)
+                return False
+        return True
 
 
 def warned(kernel: str) -> bool:

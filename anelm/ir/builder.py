@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from ..mil.half import to_half
 from ..mil.program import TensorType
 from .graph import Graph, Value, np_dtype
 
@@ -49,7 +50,9 @@ class GraphBuilder:
               blob: bool | None = None) -> Value:
         """A const; inline when small (scalars, int vectors), else a BLOBFILE unless `blob` says."""
         arr = np.asarray(array)
-        if dtype is not None:
+        if dtype == "fp16":
+            arr = to_half(arr)  # numpy's cast, bit for bit, at memory speed
+        elif dtype is not None:
             arr = arr.astype(np_dtype(dtype))
         elif arr.dtype == np.float64:
             arr = arr.astype(np.float16)  # Python floats default to the ANE's compute dtype

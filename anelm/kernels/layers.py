@@ -88,7 +88,7 @@ def stream_scale_for(peak: float) -> float:
 
 def _fold(w: np.ndarray, b: np.ndarray | None, gain: np.ndarray, shift: np.ndarray | None):
     """W·(g ⊙ n + s) + b = (W·diag g)·n + (W·s + b): the norm's affine moved into the linear."""
-    wf = (w * gain[None, :]).astype(np.float32)
+    wf = (w * gain[None, :]).astype(np.float32, copy=False)  # no second pass when already float32
     if shift is None:
         return wf, b
     return wf, (w @ shift + (0.0 if b is None else b)).astype(np.float32)

@@ -86,10 +86,12 @@ def _pack_subbyte(arr: np.ndarray, dtype: str) -> bytes:
     return np.packbits(bitplane.astype(np.uint8).reshape(-1), bitorder="little").tobytes()
 
 
-def _payload(arr: np.ndarray, dtype: str) -> bytes:
+def _payload(arr: np.ndarray, dtype: str) -> bytes | memoryview:
+    """The stored bytes: a view of `arr` itself when it already is little-endian C-contiguous."""
     if dtype in SUBBYTE_BITS:
         return _pack_subbyte(arr, dtype)
-    return np.ascontiguousarray(arr, dtype=np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<")).tobytes()
+    a = np.ascontiguousarray(arr, dtype=np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<"))
+    return memoryview(a.reshape(-1).view(np.uint8))
 
 
 def encode_blob(arrays: Sequence[np.ndarray], dtypes: Sequence[str | None] | None = None) -> tuple[bytes, list[int]]:
@@ -101,20 +103,20 @@ def encode_blob(arrays: Sequence[np.ndarray], dtypes: Sequence[str | None] | Non
     dtypes = list(dtypes) if dtypes is not None else [None] * len(arrays)
     if len(dtypes) != len(arrays):
         raise BlobError(f"encode_blob got {len(arrays)} arrays but {len(dtypes)} dtypes; expected one per array")
-    out = bytearray(HEADER.pack(len(arrays), VERSION).ljust(ALIGN, b"\0"))
-    offsets = []
+    parts, offsets, end = [HEADER.pack(len(arrays), VERSION).ljust(ALIGN, b"\0")], [], ALIGN
     for arr, dtype in zip(arrays, dtypes):
         arr = np.asarray(arr)
         dtype = dtype or _infer_dtype(arr)
         _check_dtype(dtype)
         data = _payload(arr, dtype)
-        pad_bits = len(data) * 8 - arr.size * SUBBYTE_BITS[dtype] if dtype in SUBBYTE_BITS else 0
-        meta_at = _align(len(out))
-        out.extend(b"\0" * (meta_at - len(out)))
-        out.extend(META.pack(SENTINEL, DTYPE_CODES[dtype], len(data), meta_at + ALIGN, pad_bits).ljust(ALIGN, b"\0"))
-        out.extend(data)
+        size = data.nbytes if isinstance(data, memoryview) else len(data)
+        pad_bits = size * 8 - arr.size * SUBBYTE_BITS[dtype] if dtype in SUBBYTE_BITS else 0
+        meta_at = _align(end)
+        meta = META.pack(SENTINEL, DTYPE_CODES[dtype], size, meta_at + ALIGN, pad_bits).ljust(ALIGN, b"\0")
+        parts += [b"\0" * (meta_at - end), meta, data]
         offsets.append(meta_at)
-    return bytes(out), offsets
+        end = meta_at + ALIGN + size
+    return b"".join(parts), offsets  # the one copy of each payload
 
 
 def encode_tensor(arr: np.ndarray, dtype: str | None = None) -> bytes:

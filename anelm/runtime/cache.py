@@ -1,8 +1,8 @@
 """The process-wide program cache: compiled programs by content, so nothing compiles twice.
 
 Compiles are scarce (115 per process in `strict` on the ANE) and slow, so a Kernel asks the cache first.
-The key is the artifact's content hash plus the device the program was compiled on (a compiled
-model belongs to one device). Entries stay compiled and loaded after their Kernel closes, for
+The key is the artifact's content key (`compiler.artifact.content_key`: text, blobs, profile) plus
+the device the program was compiled on (a compiled model belongs to one device). Entries stay compiled and loaded after their Kernel closes, for
 the next Kernel of the same artifact; past `capacity`, the least recently used entry that no
 live Kernel holds is evicted, which unloads it. `evict()` and `clear()` do the same on demand.
 """
@@ -35,7 +35,7 @@ class ProgramCache:
 
     def acquire(self, artifact, device: Device) -> Any:
         """The loaded model for `artifact` on `device`, compiling on a miss; pins it."""
-        key = (artifact.key(), id(device))
+        key = (artifact.key(device.profile), id(device))
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry.device is device:
@@ -43,7 +43,7 @@ class ProgramCache:
                 self.hits += 1
             else:
                 self.misses += 1
-                model = device.compile(artifact.mil_text, artifact.weights)
+                model = device.compile(artifact.mil_text, artifact.weights, key=key[0])
                 device.load(model)
                 entry = self._entries[key] = Entry(device, model)
             entry.pins += 1

@@ -77,7 +77,7 @@ class Kernel:
         self.outputs = _ordered(sig.outputs, p.bind_outputs_alphabetically)
         self._declared_outputs = [s.name for s in sig.outputs]
         meta = getattr(artifact, "meta", None) or {}
-        self.name = meta.get("name") or f"kernel {artifact.key()[:12]}"  # the name it was compiled with
+        self.name = meta.get("name") or f"kernel {artifact.key(p)[:12]}"  # the name it was compiled with
         # io_naming may have prefixed MIL names for binding order; callers keep their names
         self._user = dict(meta.get("aliases", {}))  # mil name -> user name
         self._mil = {u: m for m, u in self._user.items()}

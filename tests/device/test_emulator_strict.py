@@ -235,7 +235,7 @@ def test_weights_read_at_compile_across_unload_load(reload_reads):
     assert np.array_equal(got, 2 * x.astype(np.float32) if reload_reads else x)
 
 
-def test_compile_budget_raises_at_compile_116(fresh_compile_count):
+def test_compile_budget_raises_at_compile_116(fresh_compile_count, cold_compiles):
     dev = Emulator(STRICT)
     text = relu_prog()
     for _ in range(115):  # strict §2.7: 115, a margin under the failures near 119

@@ -21,9 +21,9 @@ class Recording(Emulator):
         super().__init__(STRICT.replace(compile_budget=10**9))
         self.texts, self.good = [], good
 
-    def compile(self, mil_text, weights):
+    def compile(self, mil_text, weights, key=None):
         self.texts.append(mil_text)
-        return super().compile(mil_text, weights)
+        return super().compile(mil_text, weights, key=key)
 
     def evaluate(self, model, inputs, outputs):
         super().evaluate(model, inputs, outputs)

@@ -115,7 +115,7 @@ def test_cached_decode_matches_full_recompute(models, kind):
     assert err <= KV_TOL, err
 
 
-def test_compiles_per_layer_and_bucket_not_per_token(models):
+def test_compiles_per_layer_and_bucket_not_per_token(models, cold_compiles):
     _, _, config = models["llama-gqa"]
     runner = build_runner(config, models["llama-gqa"][0].cpu.weights, Emulator(NOBUDGET))
     layers, before = config.num_hidden_layers, compile_count()

@@ -175,7 +175,7 @@ def test_float32_outputs_stay_as_returned_and_never_alias_inputs_or_consts():
         assert np.array_equal(second["c"], np.full((1, 4, 1, 8), 1.5, np.float32))
 
 
-def test_cache_compiles_once_and_evicts_lru_unpinned():
+def test_cache_compiles_once_and_evicts_lru_unpinned(cold_compiles):
     cache, dev = ProgramCache(capacity=1), Emulator(PROFILE)
     before = compile_count()
     k1, k2 = Kernel(SUB, dev, cache=cache), Kernel(SUB, dev, cache=cache)

@@ -120,7 +120,7 @@ def perturbed(arch):
     ("static", STRICT.replace(reload_reads_new_weights=True), 0),         # rewrite blobs + reload
     ("dynamic", STRICT, 0),                                                # restage the inputs
 ])
-def test_weight_update_costs_compiles_per_update(fresh_compile_count, pipeline, profile, per_update):
+def test_weight_update_costs_compiles_per_update(fresh_compile_count, cold_compiles, pipeline, profile, per_update):
     _, _, x, y, *_ = reference("gqa-untied")
     new = perturbed("gqa-untied")
     step = make_step("gqa-untied", pipeline, profile)

@@ -57,7 +57,8 @@ def runs(tmp_path_factory):
     profile = base / "budget26.json"
     profile.write_text(json.dumps({**asdict(STRICT), "name": "budget26", "compile_budget": 26,
                                    "rejected_ops": list(STRICT.rejected_ops)}))
-    env = {**os.environ, "ANELM_CACHE_DIR": str(base / "cache")}
+    # the kernel cache off: a restarted process would load, not compile, what the last one compiled
+    env = {**os.environ, "ANELM_CACHE_DIR": str(base / "cache"), "ANELM_KERNEL_CACHE_MB": "0"}
     env.pop("ANELM_PROFILE", None)
     common = ["--init-from", str(model), "--data", str(corpus), "--steps", str(STEPS), "--batch-size", "2",
               "--seq-len", "16", "--lr", "3e-3", "--eval-every", "3", "--eval-batches", "1",

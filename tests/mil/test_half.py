@@ -1,0 +1,30 @@
+"""mil/half.py: the fast fp16 casts give numpy's casts bit for bit (numpy is the reference:
+round to nearest even, overflow to inf, subnormals, NaN payloads)."""
+
+import numpy as np
+
+from anelm.mil.half import from_half, to_half
+
+
+def every_half() -> np.ndarray:
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+
+
+def test_from_half_matches_numpy_on_every_fp16_pattern():
+    h = np.tile(every_half(), 2)  # large enough for the compiled path
+    assert from_half(h).view(np.uint32).tobytes() == h.astype(np.float32).view(np.uint32).tobytes()
+
+
+def test_to_half_matches_numpy_on_ties_boundaries_and_a_sweep_of_float32():
+    finite = every_half().astype(np.float32)
+    finite = np.sort(finite[np.isfinite(finite)])
+    below, above = finite[:-1], finite[1:]
+    ties = ((below.astype(np.float64) + above) / 2).astype(np.float32)  # exact midpoints: ties to even
+    near = np.concatenate([np.nextafter(ties, np.float32(np.inf)), np.nextafter(ties, np.float32(-np.inf))])
+    edges = np.array([65504, 65519.996, 65520, 65535.99, 65536, 1e30, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25,
+                      2.0 ** -25 * 1.0000001, 2.0 ** -26, 0.0, -0.0, np.inf, -np.inf], np.float32)
+    sweep = np.arange(0, 1 << 32, 997, dtype=np.uint64).astype(np.uint32).view(np.float32)  # NaNs included
+    x = np.concatenate([finite, ties, near, edges, -edges, sweep])
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float16)
+    assert to_half(x).view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
