@@ -148,10 +148,10 @@ def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq:
 
 
 def _write(d: Path, cfg: dict, tensors: dict, tok) -> None:
-    from safetensors.numpy import save_file
+    from ..models.safetensors_io import save_safetensors
 
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(d / "model.safetensors", tensors, metadata={"format": "pt"})
     tok.save(d)
 
 
