@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..chip.profile import STRICT, ChipProfile
+from ..chip.surfaces import surface_sizes
 from ..errors import AnelmError, BlobError, CompileError
 from ..mil.blob import decode_blob
 from ..mil.parser import parse
@@ -79,16 +80,13 @@ def _iospec(row, source: str) -> IOSpec:
     return IOSpec(row["name"], row["dtype"], tuple(row["shape"]), row["surface_bytes"])
 
 
-def _sized(named: list[tuple[str, TensorType]], uniform: bool, profile: ChipProfile) -> list[IOSpec]:
-    """Surface sizes for one direction: uniform ones share the largest (strict §2.3-2.4)."""
+def _sized(named: list[tuple[str, TensorType]], side: str, profile: ChipProfile) -> list[IOSpec]:
+    """Surface sizes for one side, as the profile allocates them (strict §2.3-2.4)."""
     for name, t in named:
         if t.dtype not in ITEMSIZE:
             raise CompileError(name, f"surface dtype {t.dtype} has no fixed byte size", "use fp16 or fp32 I/O")
-    largest = max((t.nbytes for _, t in named), default=0)
-    return [
-        IOSpec(name, t.dtype, tuple(t.shape or ()), max(profile.min_surface_bytes, largest if uniform else t.nbytes))
-        for name, t in named
-    ]
+    sizes = surface_sizes([t.nbytes for _, t in named], profile, side)
+    return [IOSpec(name, t.dtype, tuple(t.shape or ()), n) for (name, t), n in zip(named, sizes)]
 
 
 def signature_from_function(func: Function, profile: ChipProfile = STRICT) -> Signature:
@@ -100,8 +98,7 @@ def signature_from_function(func: Function, profile: ChipProfile = STRICT) -> Si
                                "return a name that the function binds")
     inputs = [(n, t) for t, n in func.inputs]
     outputs = [(n, types[n]) for n in func.outputs]
-    return Signature(_sized(inputs, profile.uniform_input_sizes, profile),
-                     _sized(outputs, profile.uniform_output_sizes, profile))
+    return Signature(_sized(inputs, "inputs", profile), _sized(outputs, "outputs", profile))
 
 
 def _check_signature(sig: Signature, func: Function, source: str) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..chip.profile import STRICT, ChipProfile
+from ..chip.surfaces import bind_order, least_surface_bytes, uniform
 from ..errors import BlobError, DeviceError
 from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
@@ -34,11 +35,6 @@ from .overflow import Overflow
 
 BAD_REQUEST = 0x1d  # the status the hardware returns for a request it refuses
 MODEL_PATH = "@model_path/"
-
-
-def bind_order(names: list[str], alphabetical: bool) -> list[str]:
-    """The order surfaces bind in: alphabetical by MIL name on the ANE, else as declared."""
-    return sorted(names) if alphabetical else list(names)
 
 
 def content_key(mil_text: str, weights: dict[str, bytes]) -> str:
@@ -93,8 +89,8 @@ class Emulator(Device):
         # weights are read now; later rewrites of the folder change nothing unless the profile says
         plan = build_plan(func, weights, self.profile)
         types = func.result_types()
-        ins = bind_order([n for _, n in func.inputs], self.profile.bind_inputs_alphabetically)
-        outs = bind_order(list(func.outputs), self.profile.bind_outputs_alphabetically)
+        ins = bind_order([n for _, n in func.inputs], self.profile, "inputs")
+        outs = bind_order(list(func.outputs), self.profile, "outputs")
         return EmulatedModel(key, folder, func, plan, sorted(weights),
                              inputs=[(n, types[n]) for n in ins], outputs=[(n, types[n]) for n in outs])
 
@@ -166,19 +162,18 @@ class Emulator(Device):
         if p.single_input_only and len(inputs) > 1:
             raise DeviceError(f"request has {len(inputs)} input surfaces; this profile accepts one "
                               "(pack inputs along the spatial axis)", code=BAD_REQUEST)
-        for what, surfaces, specs, uniform in (("input", inputs, model.inputs, p.uniform_input_sizes),
-                                               ("output", outputs, model.outputs, p.uniform_output_sizes)):
+        for what, surfaces, specs in (("input", inputs, model.inputs), ("output", outputs, model.outputs)):
             if len(surfaces) != len(specs):
                 raise DeviceError(f"request has {len(surfaces)} {what} surfaces; expected {len(specs)} "
                                   f"({', '.join(n for n, _ in specs)})", code=BAD_REQUEST)
             sizes = [s.nbytes for s in surfaces]
-            if uniform and len(set(sizes)) > 1:
+            if uniform(p, what + "s") and len(set(sizes)) > 1:
                 raise DeviceError(f"{what} surfaces have sizes {sizes}; expected one allocation size "
                                   f"for every {what}", code=BAD_REQUEST)
             for (name, t), s in zip(specs, surfaces):
-                if s.nbytes < p.min_surface_bytes or s.nbytes < t.nbytes:
+                if s.nbytes < least_surface_bytes(p, t.nbytes):
                     raise DeviceError(f"{what} surface for '{name}' has {s.nbytes} bytes; expected at least "
-                                      f"{max(p.min_surface_bytes, t.nbytes)}", code=BAD_REQUEST)
+                                      f"{least_surface_bytes(p, t.nbytes)}", code=BAD_REQUEST)
 
 
 def _owner(a):
