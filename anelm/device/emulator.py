@@ -26,6 +26,7 @@ import numpy as np
 from ..chip.profile import STRICT, ChipProfile
 from ..chip.surfaces import bind_order, least_surface_bytes, uniform
 from ..errors import BlobError, DeviceError
+from ..mil.folder import relative_path, weight_file, write_model_folder
 from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
@@ -34,7 +35,6 @@ from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
 
 BAD_REQUEST = 0x1d  # the status the hardware returns for a request it refuses
-MODEL_PATH = "@model_path/"
 
 
 def content_key(mil_text: str, weights: dict[str, bytes]) -> str:
@@ -82,7 +82,7 @@ class Emulator(Device):
         func = parse(mil_text).main
         weights = {k: bytes(v) for k, v in (weights or {}).items()}  # a snapshot, as the API copies
         for path in weights:
-            _rel_path(path)  # a key outside @model_path/ is a bad blob reference
+            relative_path(path)  # a key outside @model_path/ is a bad blob reference
         check_function(func, self.profile, weights)
         key = content_key(mil_text, weights)
         folder = self._write_folder(key, mil_text, weights)
@@ -103,7 +103,7 @@ class Emulator(Device):
         model.loaded = False
 
     def rewrite_weight(self, model: EmulatedModel, path: str, blob: bytes) -> None:
-        target = model.folder / _rel_path(path)
+        target = weight_file(model.folder, path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(bytes(blob))
 
@@ -118,14 +118,7 @@ class Emulator(Device):
         return ShadowedSurface.host_half
 
     def _write_folder(self, key: str, mil_text: str, weights: dict[str, bytes]) -> Path:
-        folder = self._root / key[:40]
-        (folder / "weights").mkdir(parents=True, exist_ok=True)
-        (folder / "model.mil").write_text(mil_text, encoding="utf-8")
-        for path, data in weights.items():
-            target = folder / _rel_path(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        return folder
+        return write_model_folder(self._root / key[:40], mil_text, weights)
 
     # --- requests ---------------------------------------------------------------------------
     def evaluate(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface],
@@ -193,17 +186,9 @@ def write_packed(surface: Surface, value: np.ndarray, t: TensorType) -> None:
     surface.write(np.ascontiguousarray(value, dtype=storage_dtype(t.dtype)))
 
 
-def _rel_path(path: str) -> str:
-    """`@model_path/weights/w.bin` -> `weights/w.bin`; anything else is a bad blob key."""
-    rel = path[len(MODEL_PATH):] if path.startswith(MODEL_PATH) else ""
-    if not rel or rel.startswith("/") or ".." in Path(rel).parts:
-        raise BlobError(f"{path}: weight keys must look like '@model_path/weights/<name>.bin'")
-    return rel
-
-
 def _folder_resolver(folder: Path) -> Resolver:
     def read(path: str) -> bytes:
-        target = folder / _rel_path(path)
+        target = weight_file(folder, path)
         if not target.exists():
             raise BlobError(f"{path}: no such file in the compile folder {folder}")
         return target.read_bytes()
