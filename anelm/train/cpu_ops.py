@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
+from ..models import layers
 
 F32 = np.float32
 FP16_MAX = 65504.0
@@ -132,23 +133,13 @@ def swiglu_flops(h: int, s: int, backward: bool = False) -> int:
 
 def rope_tables(head_dim: int, positions: np.ndarray, theta: float,
                 scaling: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin tables `[hd, S]` for the given column positions `[S]`.
-
-    Computed in float32 the way HF does (inv_freq = 1/θ^(2i/hd), angle = p·inv_freq), with
-    each frequency repeated in both halves: row i and row i + hd/2 hold the same angle.
-    `scaling` (HF rope_parameters: linear, llama3) rescales the frequencies as the models do.
-    """
+    """cos, sin tables `[hd, S]` for the given column positions `[S]`: the models' tables
+    (`models.layers`, HF's float32 frequencies and `scaling`), channel-first, each frequency
+    in both halves (row i and row i + hd/2 hold the same angle)."""
     if head_dim % 2:
         raise ShapeError(f"rope: expected an even head_dim, got {head_dim}")
-    if scaling is None:
-        inv_freq = F32(1.0) / (F32(theta) ** (np.arange(0, head_dim, 2, dtype=F32) / F32(head_dim)))
-    else:
-        from ..models.layers import rope_inv_freq
-
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
-    ang = inv_freq[:, None] * np.asarray(positions, dtype=F32)[None, :]  # (hd/2, S)
-    ang = np.concatenate([ang, ang], axis=0)                                # (hd, S)
-    return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+    cos, sin = layers.rope_tables(np.asarray(positions), layers.rope_inv_freq(head_dim, theta, scaling))
+    return layers.rope_full_width(cos), layers.rope_full_width(sin)
 
 
 def _rotate_half(x3: np.ndarray) -> np.ndarray:
