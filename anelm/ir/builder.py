@@ -239,18 +239,6 @@ class GraphBuilder:
             else self.const(arr, name=name, blob=True)
 
     # --- composites ----------------------------------------------------------------------
-    def rms_norm(self, x: Value, weight, eps: float = 1e-5, name: str = "rms") -> Value:
-        """x · (Σc x² · 1/C + eps)^-0.5 · w over channels, from ANE-safe ops (orion §1.2, maderix §2.3)."""
-        p, c = self.graph.peek_name(name), x.shape[1]
-        ss = self.reduce_sum(self.mul(x, x, name=f"{p}_sq"), axes=[1], name=f"{p}_ss")
-        ms = self.mul(ss, self.scalar(1.0 / c, x.dtype, f"{p}_invd"), name=f"{p}_ms")
-        mse = self.add(ms, self.scalar(eps, x.dtype, f"{p}_eps"), name=f"{p}_mse")
-        rrms = self.pow(mse, self.scalar(-0.5, x.dtype, f"{p}_nhalf"), name=f"{p}_rrms")
-        if weight is None:
-            return self.mul(x, rrms, name=p)
-        w = weight if isinstance(weight, Value) else self.weight(f"{p}_w", np.reshape(weight, (1, c, 1, 1)), x.dtype)
-        return self.mul(self.mul(x, rrms, name=f"{p}_xr"), w, name=p)
-
     def layer_norm_decomposed(self, x: Value, gamma=None, beta=None, eps: float = 1e-5,
                               axes: Sequence[int] = (1,), name: str = "ln") -> Value:
         """LayerNorm over `axes` with means as reduce_sum × 1/N (CONTRACTS §2 conservative

@@ -95,22 +95,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.reciprocal(e, out=e)
 
 
-def silu_fwd(x: np.ndarray) -> np.ndarray:
-    """silu(x) = x·σ(x), elementwise, any shape."""
-    return x * _sigmoid(x)
-
-
-def silu_bwd(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """d silu/dx = σ(x)·(1 + x·(1 − σ(x))), elementwise."""
-    s = _sigmoid(x)
-    return dy * s * (F32(1.0) + x * (F32(1.0) - s))
-
-
-def swiglu_fwd(h1: np.ndarray, h3: np.ndarray) -> np.ndarray:
-    """gate = silu(h1)·h3. h1 = W1·x (gate_proj), h3 = W3·x (up_proj), both `[H, S]`."""
-    return silu_fwd(h1) * h3
-
-
 def swiglu_bwd(dgate: np.ndarray, h1: np.ndarray, h3: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(dh1, dh3) from dgate `[H, S]`: dh1 = dgate·h3·silu'(h1), dh3 = dgate·silu(h1)."""
     s = _sigmoid(h1)
@@ -168,32 +152,6 @@ def rope_flops(c: int, s: int) -> int:
     return 4 * c * s
 
 
-# --------------------------------------------------------------------- GQA head mapping
-
-def gqa_expand(kv: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
-    """K or V `[Hkv·hd, S]` → `[Hq·hd, S]`; query head h reads KV head h // (Hq/Hkv), as HF's
-    repeat_kv (repeat-interleave) does."""
-    n_kv = kv.shape[0] // head_dim
-    if n_kv * head_dim != kv.shape[0] or n_heads % n_kv:
-        raise ShapeError(f"gqa: expected [Hkv*{head_dim}, S] with Hkv dividing {n_heads}, "
-                         f"got shape {list(kv.shape)}")
-    kv4 = kv.reshape(n_kv, 1, head_dim, kv.shape[1])  # (Hkv, 1, hd, S)
-    full = np.broadcast_to(kv4, (n_kv, n_heads // n_kv, head_dim, kv.shape[1]))
-    return full.reshape(n_heads * head_dim, kv.shape[1])  # (Hq·hd, S), a copy
-
-
-def gqa_reduce(dkv_full: np.ndarray, n_kv_heads: int, head_dim: int) -> np.ndarray:
-    """Transpose of `gqa_expand`: `[Hq·hd, S]` → `[Hkv·hd, S]`, summing each group's heads."""
-    s = dkv_full.shape[1]
-    group = dkv_full.shape[0] // (n_kv_heads * head_dim)
-    if group * n_kv_heads * head_dim != dkv_full.shape[0]:
-        raise ShapeError(f"gqa: expected [Hq*{head_dim}, S] with Hq a multiple of {n_kv_heads}, "
-                         f"got shape {list(dkv_full.shape)}")
-    g4 = dkv_full.reshape(n_kv_heads, group, head_dim, s)  # (Hkv, group, hd, S)
-    return g4.sum(axis=1).reshape(n_kv_heads * head_dim, s)
-
-
-
 # ------------------------------------------------------------------------- embedding
 
 def embed_fwd(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -229,15 +187,6 @@ def embed_flops(d: int, s: int, backward: bool = False) -> int:
 
 # ------------------------------------------------------ linear maps and weight gradients
 
-def linear_fwd(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """y = W·x: W `[out, in]`, x `[in, S]` → `[out, S]` (a 1×1 conv in device terms)."""
-    return w @ x
-
-
-def linear_dx(w: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """dx = Wᵀ·dy: dy `[out, S]` → `[in, S]`."""
-    return w.T @ dy
-
 
 def dw(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Weight gradient of y = W·x: dW = dy·xᵀ, `[out, in]` like the weight (PyTorch orientation).
@@ -263,11 +212,6 @@ def matmul_flops(m: int, n: int, k: int) -> int:
 def classifier_fwd(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """logits `[V, S]` = W·x for the (tied or untied) output head W `[V, D]`, x `[D, S]`."""
     return w @ x
-
-
-def classifier_bwd(dlogits: np.ndarray, w: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(dx `[D, S]`, dW `[V, D]`). For tied embeddings add `embed_bwd` into this dW."""
-    return w.T @ dlogits, dlogits @ x.T
 
 
 def cross_entropy(logits: np.ndarray, targets: np.ndarray,
