@@ -18,10 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..compiler.passes.cost import kernel_flops
 from ..compiler.pipeline import compile_graph
 from ..device.fp16 import round_fp16
 from ..errors import CompileError
-from ..kernels.training import BACKWARD, WEIGHTED, WEIGHTLESS, Dims, build_graph, graph_flops, layer_mats, layouts
+from ..kernels.training import BACKWARD, WEIGHTED, WEIGHTLESS, Dims, build_graph, layer_mats, layouts
 from ..models.names import layer_prefix
 from ..runtime.kernel import Kernel, Request
 
@@ -51,7 +52,7 @@ class KernelBank:
         got = [s.name for s in art.signature.outputs]
         if got != want:  # the bank reads outputs by these names
             raise CompileError(kind, f"outputs were renamed to {got}", f"declare {want} alphabetically")
-        self.flops[kind] = graph_flops(graph)
+        self.flops[kind] = kernel_flops(art)
         kern = Kernel(art, self.device, cache=cache, float32_outputs=True, warn_overflow=kind not in DX_KINDS)
         self._kernels.append(kern)
         return kern
