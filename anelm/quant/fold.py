@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.errors import InputError
-from ..models.names import layer_prefix
+from ..models.names import FAMILY, layer_prefix
 
 # per model type: kernel linear (kernels/prefill.layer_params) -> the HF linears it is made of
 KERNEL_LINEARS = {
@@ -32,7 +32,6 @@ KERNEL_LINEARS = {
 # ... and each norm (HF name inside a layer) with the kernel linears that read its output
 NORM_READERS = {"llama": {"input_layernorm": ("qkv",), "post_attention_layernorm": ("gate", "up")},
                 "gpt2": {"ln_1": ("qkv",), "ln_2": ("fc",)}}
-FAMILY = {"llama": "llama", "qwen3": "llama", "gpt2": "gpt2"}  # model_type -> the layer layout it shares
 SUPPORTED = tuple(FAMILY)
 
 

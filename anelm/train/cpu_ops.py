@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..models import layers
+from ..models.names import has_head_norms
 
 F32 = np.float32
 FP16_MAX = 65504.0
@@ -268,7 +269,7 @@ def cpu_step_flops(cfg: dict, n_tokens: int, rope_on_cpu: bool = True) -> int:
                  + (rope_flops(q_dim + kv_dim, n) if rope_on_cpu else 0)
                  + matmul_flops(d, n, 2 * q_dim + 2 * kv_dim)    # dWq, dWk, dWv, dWo
                  + matmul_flops(d, n, 3 * inter))                # dW gate, up, down
-    if cfg.get("model_type") == "qwen3":                         # q/k norm backward
+    if has_head_norms(cfg.get("model_type")):                    # q/k norm backward
         per_layer += rmsnorm_flops(q_dim + kv_dim, n, backward=True)
     v = cfg["vocab_size"]
     head = (3 * matmul_flops(v, d, n) + cross_entropy_flops(v, n)

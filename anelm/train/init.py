@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.names import layer_modules
+from ..models.names import family_members, layer_modules
 from .errors import TrainError
 
-RESIDUAL_PROJECTIONS = tuple(f"{layer_modules('llama')[r]}.weight" for r in ("o", "down"))
-TRAINABLE_TYPES = ("llama", "qwen3")  # what the device training step implements
+TRAINABLE_TYPES = family_members("llama")  # the layer layout the device training step implements
 
 
 def model_config(cfg: dict):
@@ -47,12 +46,13 @@ def init_weights(config, seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
     """Fresh float32, C-contiguous master weights (AdamW requires both)."""
     rng = np.random.Generator(np.random.PCG64(seed))
     residual_std = std / math.sqrt(2 * config.num_hidden_layers)
+    residual = tuple(f"{layer_modules(config.model_type)[r]}.weight" for r in ("o", "down"))
     out = {}
     for name, shape in weight_shapes(config).items():
         if len(shape) == 1:  # RMSNorm scales (input, post-attention, final, q/k norms)
             out[name] = np.ones(shape, np.float32)
             continue
-        s = residual_std if name.endswith(RESIDUAL_PROJECTIONS) else std
+        s = residual_std if name.endswith(residual) else std
         out[name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(s))
     return out
 

@@ -23,7 +23,6 @@ from ..compiler.pipeline import compile_graph
 from ..device.fp16 import round_fp16
 from ..errors import CompileError
 from ..kernels.training import BACKWARD, WEIGHTED, WEIGHTLESS, Dims, build_graph, layer_mats, layouts
-from ..models.names import layer_prefix
 from ..runtime.kernel import Kernel, Request
 
 
@@ -84,6 +83,18 @@ class KernelBank:
         self._req.clear()
 
 
+class _Rounded(dict):
+    """fp16-rounded copies of `weights`, each made when a kernel first asks for it."""
+
+    def __init__(self, weights: dict[str, np.ndarray]):
+        super().__init__()
+        self.weights = weights
+
+    def __missing__(self, name: str) -> np.ndarray:
+        self[name] = out = round_fp16(self.weights[name])
+        return out
+
+
 class DynamicBank(KernelBank):
     """Weights travel in the inputs: ten compiles in all, none per update."""
 
@@ -102,8 +113,7 @@ class DynamicBank(KernelBank):
         # restaging runs one layer per core (the device is idle meanwhile). A layer's matrices
         # are rounded to fp16 once for both the forward (Wᵀ) and the dx (W) kernels.
         def stage(layer):
-            p = layer_prefix("llama", layer)
-            rounded = {k: round_fp16(w) for k, w in weights.items() if k.startswith(p) and w.ndim == 2}
+            rounded = _Rounded(weights)
             for kind in WEIGHTED:
                 self._stage(self._req[(kind, layer)], kind, layer_mats(kind, rounded, layer), exact=True)
 
