@@ -25,8 +25,7 @@ from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
 from ..models.layers import rope_full_width
 from ..models.names import layer_modules
-from ..quant.core import QLinear
-from ..quant.graph import quant_linear
+from .int8 import QLinear, quant_linear
 from .norms import channel_norm, head_rms_norm
 
 
@@ -152,7 +151,7 @@ def apply_rope(b: GraphBuilder, x: Value, cos: Value, sin: Value, rot: Value, na
 
 def _lin(b: GraphBuilder, x: Value, p: dict, key: str) -> Value:
     w, bias = p[key]
-    if isinstance(w, QLinear):  # int8 weights (anelm.quant): the chip's int8 forms
+    if isinstance(w, QLinear):  # int8 weights (kernels/int8.py): the chip's int8 forms
         return quant_linear(b, x, w, bias, name=f"{key}_proj")
     return b.linear(x, w, bias, name=f"{key}_proj")
 

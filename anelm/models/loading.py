@@ -17,11 +17,11 @@ from types import ModuleType
 
 import numpy as np
 
-from ..quant.folder import QuantizedWeights, quant_config, scheme_of, unpack
 from .base import CausalLM, check_weights
 from .config import ModelConfig, config_class, config_from_dict
 from .errors import LoadError
 from .llama2c import read_llama2c
+from .quantized import QuantizedWeights, quant_config, scheme_of, unpack
 from .safetensors_io import SafetensorsError, read_safetensors
 from .tokenizer import Tokenizer, find_tokenizer, load_tokenizer
 

@@ -9,7 +9,7 @@ median channel stays under 3, and its down projections' inputs reach 3,323 and 1
 channels (layer 11) against a median of 1.1. One int8 scale for such a tensor gives every
 ordinary channel a step of 26, so they round to 0. We keep the channels whose calibrated range
 exceeds OUTLIER_RATIO × the median channel's out of int8 (at most 1/MAX_KEEP_FRACTION of them):
-they go through a small fp16 side product (quant/graph.py), and the rest get one scale from
+they go through a small fp16 side product (kernels/int8.py), and the rest get one scale from
 their own range. We chose this over SmoothQuant's migration (x/s into int8, W·diag s into the
 int8 rows, s_j = max|x_j|^α / max|W_j|^(1-α)) because it measures better: SmolLM2, 256 tokens
 of the Apache license calibrating and the next 256 scored, both done in float32 on the CPU
@@ -34,9 +34,8 @@ import numpy as np
 
 from ..models.errors import InputError
 from .calibrate import calibrate
-from .core import QMAX, InputQuant, power_of_two_above, quantize_rows
-from .fold import check_supported, linear_names
-from .folder import METHOD, QuantPlan, pack, refuse_quantized
+from ..models.quantized import (METHOD, QMAX, InputQuant, QuantPlan, check_supported, linear_names, pack,
+                               power_of_two_above, quantize_rows, refuse_quantized)
 
 ACC_TARGET = 8192.0  # W8: largest calibrated unscaled sum after the shift
 OUTLIER_RATIO = 8.0  # W8A8: a channel whose range exceeds this × the median channel's stays fp16

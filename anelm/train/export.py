@@ -36,7 +36,7 @@ class ExportError(AnelmError):
 def export_run(run: str | Path, out: str | Path) -> tuple[Path, int | None]:
     """Write the HF folder; returns (folder, the step of the checkpoint exported; None for a GGUF)."""
     from ..models.loading import load_model
-    from ..quant.folder import refuse_quantized
+    from ..models.quantized import refuse_quantized
 
     run, out = Path(run), Path(out)
     refuse_quantized(run, "export")
