@@ -102,8 +102,9 @@ def split_text(tok, text: str, calib_tokens: int, eval_tokens: int) -> tuple[lis
 
 
 def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens: int, eval_tokens: int,
-                     device: str = "auto", progress: bool | None = None) -> dict:
-    """Everything `anelm quantize` does; returns the report."""
+                     device: str = "auto", progress: bool | None = None, profile=None) -> dict:
+    """Everything `anelm quantize` does; returns the report. `profile`: the devices' chip
+    profile (a ChipProfile; None: ANELM_PROFILE, else strict)."""
     from ..generate.perplexity import perplexity
     from ..generate.runner import make_runner
     from ..models.loading import load_model
@@ -118,9 +119,11 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
     calib, held = split_text(tok, text, calib_tokens, eval_tokens)
     seq = min(config.max_position_embeddings, 512)
     folder, plan, chan = build_folder(Path(out), config, weights, tok, scheme, calib, seq, progress)
-    source_ppl = perplexity(make_runner(config, weights, device, max_context=seq), held, seq, progress).ppl
+    source_ppl = perplexity(make_runner(config, weights, device, max_context=seq, profile=profile), held, seq,
+                            progress).ppl
     qconfig, qweights, _ = load_model(folder)
-    quantized_ppl = perplexity(make_runner(qconfig, qweights, device, max_context=seq), held, seq, progress).ppl
+    quantized_ppl = perplexity(make_runner(qconfig, qweights, device, max_context=seq, profile=profile), held, seq,
+                               progress).ppl
     report = {"scheme": scheme, "source_ppl": source_ppl, "quantized_ppl": quantized_ppl, "eval_tokens": len(held),
               "source_bytes": device_bytes(weights), "quantized_bytes": device_bytes(qweights, plan),
               "max_activation": float(max(float(c.max()) for c in chan.values())),
