@@ -1,3 +1,4 @@
-"""What a chip does, as data: its profile (`profile.py`, JSON switches and limits) and the
-compile-time rules those switches turn on. The compiler avoids them, the emulator enforces
+"""What a chip does, as data: its profile (`profile.py`, JSON switches and limits), how a
+request's surfaces bind and how big they are (`surfaces.py`), and the compile-time rules those
+switches turn on. The compiler avoids them, the emulator enforces
 them, the doctor measures them; all three read them from here."""

@@ -22,7 +22,7 @@ def adapter_from_args(args, config):
     if getattr(args, "adapter", None) is None:
         return None
     from ..models.adapters import load_peft
-    from ..quant.folder import refuse_quantized
+    from ..models.quantized import refuse_quantized
 
     refuse_quantized(args.model, "--adapter")
     return load_peft(args.adapter, config)

@@ -20,6 +20,7 @@ import sys
 
 from ..chip.profile import ChipProfile, load_profile
 from ..device import machine
+from ..device.isolate import make_device
 from ..errors import DeviceError, UsageError
 
 
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     backend, why = _backend(args.device, ane_ok, ane_why, hw)
     print(f"anelm: device: {backend} ({why})", file=sys.stderr, flush=True)
     # uncapped: a small profile budget must not cut the suite short (`--budget` measures it apart)
-    emu = doctor.run_suite(doctor.isolate.make_device("emulator", profile, uncapped=True),
+    emu = doctor.run_suite(make_device("emulator", profile, uncapped=True),
                            [p for p in probes if p.name != doctor.BUDGET_PROBE])
     hw_obs = dict(hw.observations) if hw else None
     if args.budget is not None:

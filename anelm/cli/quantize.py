@@ -41,15 +41,11 @@ def run(args: argparse.Namespace) -> int:
         from ..train.corpus import generate_corpus
 
         text = generate_corpus(60_000)
-    if args.profile:
-        import os
+    from ..chip.profile import load_profile
 
-        from ..chip.profile import load_profile
-
-        load_profile(args.profile)  # a bad path fails before any work
-        os.environ["ANELM_PROFILE"] = str(args.profile)
+    profile = load_profile(args.profile)  # a bad path fails before any work
     report = quantize_command(args.model, args.out, args.scheme, text, args.calib_tokens, args.eval_tokens,
-                              args.device)
+                              args.device, profile=profile)
     print_summary(report)
     if args.json:
         print(json.dumps(report))

@@ -20,15 +20,16 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from ..chip.profile import STRICT, ChipProfile
+from ..chip.surfaces import surface_sizes
 from ..errors import AnelmError, BlobError, CompileError
 from ..mil.blob import decode_blob
+from ..mil.folder import MODEL_FILE, weight_file, write_model_folder
 from ..mil.parser import parse
 from ..mil.program import ITEMSIZE, BlobRef, Function, Program, TensorType
 
-MODEL_PATH = "@model_path/"
 _IOSPEC_KEYS = {"name": str, "dtype": str, "shape": list, "surface_bytes": int}
 
 
@@ -79,16 +80,13 @@ def _iospec(row, source: str) -> IOSpec:
     return IOSpec(row["name"], row["dtype"], tuple(row["shape"]), row["surface_bytes"])
 
 
-def _sized(named: list[tuple[str, TensorType]], uniform: bool, profile: ChipProfile) -> list[IOSpec]:
-    """Surface sizes for one direction: uniform ones share the largest (strict §2.3-2.4)."""
+def _sized(named: list[tuple[str, TensorType]], side: str, profile: ChipProfile) -> list[IOSpec]:
+    """Surface sizes for one side, as the profile allocates them (strict §2.3-2.4)."""
     for name, t in named:
         if t.dtype not in ITEMSIZE:
             raise CompileError(name, f"surface dtype {t.dtype} has no fixed byte size", "use fp16 or fp32 I/O")
-    largest = max((t.nbytes for _, t in named), default=0)
-    return [
-        IOSpec(name, t.dtype, tuple(t.shape or ()), max(profile.min_surface_bytes, largest if uniform else t.nbytes))
-        for name, t in named
-    ]
+    sizes = surface_sizes([t.nbytes for _, t in named], profile, side)
+    return [IOSpec(name, t.dtype, tuple(t.shape or ()), n) for (name, t), n in zip(named, sizes)]
 
 
 def signature_from_function(func: Function, profile: ChipProfile = STRICT) -> Signature:
@@ -100,8 +98,7 @@ def signature_from_function(func: Function, profile: ChipProfile = STRICT) -> Si
                                "return a name that the function binds")
     inputs = [(n, t) for t, n in func.inputs]
     outputs = [(n, types[n]) for n in func.outputs]
-    return Signature(_sized(inputs, profile.uniform_input_sizes, profile),
-                     _sized(outputs, profile.uniform_output_sizes, profile))
+    return Signature(_sized(inputs, "inputs", profile), _sized(outputs, "outputs", profile))
 
 
 def _check_signature(sig: Signature, func: Function, source: str) -> None:
@@ -131,14 +128,6 @@ def blob_refs(prog: Program) -> list[BlobRef]:
             for v in (*st.args.values(), *st.attrs.values()):
                 visit(v)
     return out
-
-
-def _weight_file(root: Path, mil_path: str) -> Path:
-    """Where the blob `@model_path/weights/x.bin` lives inside the kernel folder `root`."""
-    rel = PurePosixPath(mil_path[len(MODEL_PATH):])
-    if not mil_path.startswith(MODEL_PATH) or not rel.parts or rel.is_absolute() or ".." in rel.parts:
-        raise BlobError(f"weight path '{mil_path}' must start with {MODEL_PATH} and stay inside the kernel folder")
-    return root.joinpath(*rel.parts)
 
 
 def _check_blobs(prog: Program, weights: dict[str, bytes]) -> None:
@@ -210,12 +199,7 @@ class Artifact:
         """Write the kernel folder; refuses weights that the MIL cannot find or read."""
         root = Path(directory)
         _check_blobs(self.program(), self.weights)
-        files = {_weight_file(root, p): data for p, data in self.weights.items()}  # all paths checked before writing
-        (root / "weights").mkdir(parents=True, exist_ok=True)
-        (root / "model.mil").write_bytes(self.mil_text.encode("utf-8"))
-        for path, data in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+        write_model_folder(root, self.mil_text, self.weights)
         (root / "signature.json").write_text(self.signature.to_json())
         if self.meta:
             (root / "meta.json").write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
@@ -225,7 +209,7 @@ class Artifact:
     def load(cls, directory: str | os.PathLike, profile: ChipProfile = STRICT) -> "Artifact":
         """Read a kernel folder; without signature.json the signature comes from the MIL and `profile`."""
         root = Path(directory)
-        mil_file = root / "model.mil"
+        mil_file = root / MODEL_FILE
         if not mil_file.is_file():
             raise AnelmError(f"{root}: no model.mil; expected a kernel folder with model.mil and weights/")
         try:
@@ -237,7 +221,7 @@ class Artifact:
         for ref in blob_refs(prog):
             if ref.path in weights:  # several tensors may share one file
                 continue
-            path = _weight_file(root, ref.path)
+            path = weight_file(root, ref.path)
             if not path.is_file():
                 raise BlobError(f"{ref.path}: {path} does not exist; expected the blob the MIL references")
             weights[ref.path] = path.read_bytes()

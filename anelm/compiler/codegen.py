@@ -26,9 +26,9 @@ from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value, const_type
 from ..ir.ops import OP_TABLE
 from ..mil.blob import encode_tensor
+from ..mil.folder import WEIGHTS_DIR
 from ..mil.program import DEFAULT_BUILD_INFO, BlobRef, Function, Literal, Program, Statement, TensorType, Var
 
-WEIGHTS_DIR = "@model_path/weights"
 BLOB_OFFSET = 64  # the metadata block of a single-tensor BLOBFILE (CONTRACTS §3)
 OPSET = "ios18"
 

@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from ..chip.profile import STRICT, ChipProfile
-from ..errors import DeviceError
+from ..errors import BlobError, DeviceError
+from ..mil.folder import relative_path, write_model_folder
 from . import ane_framework
 from .ane_framework import CLASSES, FRAMEWORK, FRAMEWORK_DIR, PRIVATE_CALLS, IOSurfaceBacked  # noqa: F401
 from .base import Device, Surface, charge_compile
 from .overflow import output_overflow
 
 LOAD_RETRY_DELAY_S = 0.1  # maderix's bridge retries a failed load once after 100 ms
-MODEL_PATH = "@model_path/"  # weight keys name files relative to the compile folder
 REQUESTS_PER_MODEL = 8  # surface sets whose _ANERequest is kept for reuse, per model
 
 
@@ -65,24 +65,20 @@ _folder_lock = threading.Lock()
 
 
 def weight_relpath(key: str) -> str:
-    """`@model_path/weights/wq.bin` → `weights/wq.bin`, refusing paths that leave the folder."""
-    if not key.startswith(MODEL_PATH):
-        raise DeviceError(f"weight key '{key}' must start with '{MODEL_PATH}'")
-    rel = key[len(MODEL_PATH):]
-    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise DeviceError(f"weight key '{key}' must name a file inside the compile folder")
-    return rel
+    """`@model_path/weights/wq.bin` → `weights/wq.bin`; a key that leaves the folder is a
+    request the device refuses."""
+    try:
+        return relative_path(key)
+    except BlobError as e:
+        raise DeviceError(str(e)) from None
 
 
 def populate_folder(folder: Path, mil_text: str | bytes, weights: dict[str, bytes]) -> None:
     """Fact: every reference pre-populates NSTemporaryDirectory()/<hex>/ before compiling,
     with model.mil, a weights/ folder, and each blob at its key minus "@model_path/"."""
-    (folder / "weights").mkdir(parents=True, exist_ok=True)
-    (folder / "model.mil").write_bytes(mil_text.encode("utf-8") if isinstance(mil_text, str) else mil_text)
-    for key, blob in weights.items():
-        path = folder / weight_relpath(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(blob)  # any bytes-like object, written from its own memory
+    for key in weights:
+        weight_relpath(key)
+    write_model_folder(folder, mil_text, weights)
 
 
 def _acquire_folder(folder: Path) -> None:

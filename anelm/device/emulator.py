@@ -25,8 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from ..chip.profile import STRICT, ChipProfile
+from ..chip.surfaces import bind_order, least_surface_bytes, uniform
 from ..compiler.artifact import content_key
 from ..errors import BlobError, DeviceError
+from ..mil.folder import relative_path, weight_file, write_model_folder
 from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
@@ -36,12 +38,6 @@ from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
 
 BAD_REQUEST = 0x1d  # the status the hardware returns for a request it refuses
-MODEL_PATH = "@model_path/"
-
-
-def bind_order(names: list[str], alphabetical: bool) -> list[str]:
-    """The order surfaces bind in: alphabetical by MIL name on the ANE, else as declared."""
-    return sorted(names) if alphabetical else list(names)
 
 
 @dataclass(eq=False)
@@ -80,7 +76,7 @@ class Emulator(Device):
         every load, so it keeps no cache."""
         weights = {k: bytes(v) for k, v in (weights or {}).items()}  # a snapshot, as the API copies
         for path in weights:
-            _rel_path(path)  # a key outside @model_path/ is a bad blob reference
+            relative_path(path)  # a key outside @model_path/ is a bad blob reference
         key = key or content_key(mil_text, weights, self.profile)
         store = None if self.profile.reload_reads_new_weights else kernel_store()
         # weights are read now; later rewrites of the folder change nothing unless the profile says
@@ -96,8 +92,8 @@ class Emulator(Device):
             if store is not None:
                 store.put(key, dump_plan(plan))
         folder = self._write_folder(key, mil_text, weights)
-        ins = bind_order([n for _, n in plan.inputs], self.profile.bind_inputs_alphabetically)
-        outs = bind_order(list(plan.outputs), self.profile.bind_outputs_alphabetically)
+        ins = bind_order([n for _, n in plan.inputs], self.profile, "inputs")
+        outs = bind_order(list(plan.outputs), self.profile, "outputs")
         return EmulatedModel(key, folder, func, plan, sorted(weights), inputs=[(n, plan.types[n]) for n in ins],
                              outputs=[(n, plan.types[n]) for n in outs])
 
@@ -110,7 +106,7 @@ class Emulator(Device):
         model.loaded = False
 
     def rewrite_weight(self, model: EmulatedModel, path: str, blob: bytes) -> None:
-        target = model.folder / _rel_path(path)
+        target = weight_file(model.folder, path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(bytes(blob))
 
@@ -125,14 +121,7 @@ class Emulator(Device):
         return ShadowedSurface.host_half
 
     def _write_folder(self, key: str, mil_text: str, weights: dict[str, bytes]) -> Path:
-        folder = self._root / key[:40]
-        (folder / "weights").mkdir(parents=True, exist_ok=True)
-        (folder / "model.mil").write_text(mil_text, encoding="utf-8")
-        for path, data in weights.items():
-            target = folder / _rel_path(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        return folder
+        return write_model_folder(self._root / key[:40], mil_text, weights)
 
     # --- requests ---------------------------------------------------------------------------
     def evaluate(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface],
@@ -169,19 +158,18 @@ class Emulator(Device):
         if p.single_input_only and len(inputs) > 1:
             raise DeviceError(f"request has {len(inputs)} input surfaces; this profile accepts one "
                               "(pack inputs along the spatial axis)", code=BAD_REQUEST)
-        for what, surfaces, specs, uniform in (("input", inputs, model.inputs, p.uniform_input_sizes),
-                                               ("output", outputs, model.outputs, p.uniform_output_sizes)):
+        for what, surfaces, specs in (("input", inputs, model.inputs), ("output", outputs, model.outputs)):
             if len(surfaces) != len(specs):
                 raise DeviceError(f"request has {len(surfaces)} {what} surfaces; expected {len(specs)} "
                                   f"({', '.join(n for n, _ in specs)})", code=BAD_REQUEST)
             sizes = [s.nbytes for s in surfaces]
-            if uniform and len(set(sizes)) > 1:
+            if uniform(p, what + "s") and len(set(sizes)) > 1:
                 raise DeviceError(f"{what} surfaces have sizes {sizes}; expected one allocation size "
                                   f"for every {what}", code=BAD_REQUEST)
             for (name, t), s in zip(specs, surfaces):
-                if s.nbytes < p.min_surface_bytes or s.nbytes < t.nbytes:
+                if s.nbytes < least_surface_bytes(p, t.nbytes):
                     raise DeviceError(f"{what} surface for '{name}' has {s.nbytes} bytes; expected at least "
-                                      f"{max(p.min_surface_bytes, t.nbytes)}", code=BAD_REQUEST)
+                                      f"{least_surface_bytes(p, t.nbytes)}", code=BAD_REQUEST)
 
 
 def _owner(a):
@@ -201,17 +189,9 @@ def write_packed(surface: Surface, value: np.ndarray, t: TensorType) -> None:
     surface.write(np.ascontiguousarray(value, dtype=storage_dtype(t.dtype)))
 
 
-def _rel_path(path: str) -> str:
-    """`@model_path/weights/w.bin` -> `weights/w.bin`; anything else is a bad blob key."""
-    rel = path[len(MODEL_PATH):] if path.startswith(MODEL_PATH) else ""
-    if not rel or rel.startswith("/") or ".." in Path(rel).parts:
-        raise BlobError(f"{path}: weight keys must look like '@model_path/weights/<name>.bin'")
-    return rel
-
-
 def _folder_resolver(folder: Path) -> Resolver:
     def read(path: str) -> bytes:
-        target = folder / _rel_path(path)
+        target = weight_file(folder, path)
         if not target.exists():
             raise BlobError(f"{path}: no such file in the compile folder {folder}")
         return target.read_bytes()

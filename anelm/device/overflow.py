@@ -95,13 +95,13 @@ def output_overflow(model, profile, inputs: list, outputs: list) -> Overflow | N
 
 
 def _io_types(mil_text: str, profile) -> tuple[list, list]:
+    from ..chip.surfaces import bind_order  # noqa: PLC0415
     from ..mil.parser import parse  # noqa: PLC0415 - lark loads on first use
 
     func = parse(mil_text).main
     types = func.result_types()
-    ins, outs = [n for _, n in func.inputs], list(func.outputs)
-    ins = sorted(ins) if profile.bind_inputs_alphabetically else ins
-    outs = sorted(outs) if profile.bind_outputs_alphabetically else outs
+    ins = bind_order([n for _, n in func.inputs], profile, "inputs")
+    outs = bind_order(list(func.outputs), profile, "outputs")
     return [(n, types[n]) for n in ins], [(n, types[n]) for n in outs]
 
 

@@ -2,7 +2,7 @@
 
 A private call the framework does not expect can raise an Objective-C exception or crash
 with SIGSEGV, and either kills the whole process. So the first self-test runs where the
-doctor runs its probes, in a child (`doctor.isolate.run_isolated`), and the user's process
+doctor runs its probes, in a child (`device/isolate.py`), and the user's process
 only reads the answer: passed, failed (why), or the child died (how). The verdict is kept
 in the cache directory, one file per machine, OS build and anelm version, so later runs
 start at once; a new macOS build or a new anelm tests again.
@@ -51,11 +51,12 @@ def verdict(timeout: float = SELF_TEST_TIMEOUT_S) -> tuple[bool, str]:
 
 def run_in_child(timeout: float = SELF_TEST_TIMEOUT_S) -> tuple[bool, str]:
     """Run `AneDevice.self_test()` in a child process; never raises, never crashes this one."""
-    from ..doctor.isolate import run_isolated  # noqa: PLC0415 - the doctor's one child runner
     from ..chip.profile import STRICT  # noqa: PLC0415
+    from .isolate import run_child  # noqa: PLC0415 - the one child runner, the doctor's too
 
+    request = {"kind": "ane", "profile": json.loads(STRICT.to_json()), "self_test": True, "uncapped": True}
     try:
-        res = run_isolated("ane", STRICT, [], self_test=True, uncapped=True, timeout=timeout)
+        res = run_child(request, timeout)
     except OSError as e:  # the child could not even start
         return False, f"the self-test could not start a child process: {e}"
     if res.self_test == "":

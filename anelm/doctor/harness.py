@@ -22,11 +22,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..chip.profile import ChipProfile
+from ..chip.profile import STRICT, ChipProfile
+from ..chip.surfaces import surface_sizes
 from ..errors import AnelmError
 from ..mil.program import NUMPY_DTYPES
 
-MIN_BYTES = 49152  # strict §2.4: every probe not about sizes stays at or above it
+MIN_BYTES = STRICT.min_surface_bytes  # strict §2.4: every probe not about sizes stays at or above it
 PAD_BYTE = 0x5A  # padding and untouched outputs read as fp16 203.25: never a plausible result
 # CONTRACTS §6 tolerances, relative to max|ref|
 ELEMENTWISE, REDUCTION, BLOCK = 2e-3, 1e-2, 2e-2
@@ -161,7 +162,7 @@ class Program:
 
 def _sizes(spec, tensor_bytes: list[int]) -> list[int]:
     if spec is None:
-        return [max([MIN_BYTES] + tensor_bytes)] * len(tensor_bytes)
+        return surface_sizes(tensor_bytes, STRICT, "inputs")  # strict's: one size, at least MIN_BYTES
     if isinstance(spec, int):
         return [spec] * len(tensor_bytes)
     return list(spec)

@@ -45,6 +45,7 @@ from ..device.base import Device
 from ..device.fp16 import round_fp16
 from ..device.select import get_device
 from ..kernels.decode import decode_layer, decode_mask
+from ..kernels.int8 import plan_layer
 from ..kernels.layers import layer_params, layer_shape, rope_full_tables, stream_scale_for
 from ..kernels.lora import layer_lora, plan_slots
 from ..kernels.prefill import prefill_layer
@@ -95,9 +96,9 @@ class DeviceRunner:
         self.stream_scale = stream_scale_for(self.cpu.stream_peak(calibration_ids(config)))
         self.shapes = [replace(layer_shape(config, i), stream_scale=self.stream_scale) for i in range(n)]
         # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
-        quant = getattr(weights, "quant", None)  # a quantized folder (anelm.quant.folder): int8 linears
-        self.layers = [(quant.kernel_layer if quant else lambda i, s, w: layer_params(s, w))(
-            i, s, layer_weights(config, self.cpu.weights, i)) for i, s in enumerate(self.shapes)]
+        quant = getattr(weights, "quant", None)  # a quantized folder (models/quantized.py): int8 linears
+        self.layers = [(plan_layer(quant, i, s, w) if quant else layer_params(s, w))
+                       for i, s in enumerate(self.shapes) for w in [layer_weights(config, self.cpu.weights, i)]]
         self.rope = config.model_type != "gpt2"
         if self.rope:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)

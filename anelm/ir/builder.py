@@ -26,6 +26,7 @@ from ..mil.program import TensorType
 from .graph import Graph, Value, np_dtype
 
 INLINE_MAX = 16  # elements: larger consts go to a BLOBFILE, smaller ones are written inline
+GELU_C, GELU_CUBIC = math.sqrt(2.0 / math.pi), 0.044715  # GELU's tanh form: u = c·(x + 0.044715·x³)
 
 
 class GraphBuilder:
@@ -241,46 +242,46 @@ class GraphBuilder:
             else self.const(arr, name=name, blob=True)
 
     # --- composites ----------------------------------------------------------------------
-    def rms_norm(self, x: Value, weight, eps: float = 1e-5, name: str = "rms") -> Value:
-        """x · (Σc x² · 1/C + eps)^-0.5 · w over channels, from ANE-safe ops (orion §1.2, maderix §2.3)."""
-        p, c = self.graph.peek_name(name), x.shape[1]
-        ss = self.reduce_sum(self.mul(x, x, name=f"{p}_sq"), axes=[1], name=f"{p}_ss")
-        ms = self.mul(ss, self.scalar(1.0 / c, x.dtype, f"{p}_invd"), name=f"{p}_ms")
-        mse = self.add(ms, self.scalar(eps, x.dtype, f"{p}_eps"), name=f"{p}_mse")
-        rrms = self.pow(mse, self.scalar(-0.5, x.dtype, f"{p}_nhalf"), name=f"{p}_rrms")
-        if weight is None:
-            return self.mul(x, rrms, name=p)
-        w = weight if isinstance(weight, Value) else self.weight(f"{p}_w", np.reshape(weight, (1, c, 1, 1)), x.dtype)
-        return self.mul(self.mul(x, rrms, name=f"{p}_xr"), w, name=p)
-
     def layer_norm_decomposed(self, x: Value, gamma=None, beta=None, eps: float = 1e-5,
-                              axis: int = 1, name: str = "ln") -> Value:
-        """LayerNorm over one axis with means as reduce_sum × 1/C (CONTRACTS §2 conservative forms)."""
-        p, n = self.graph.peek_name(name), x.shape[axis]
-        inv = self.scalar(1.0 / n, x.dtype, f"{p}_invn")
-        mean = self.mul(self.reduce_sum(x, axes=[axis], name=f"{p}_sum"), inv, name=f"{p}_mean")
+                              axes: Sequence[int] = (1,), name: str = "ln") -> Value:
+        """LayerNorm over `axes` with means as reduce_sum × 1/N (CONTRACTS §2 conservative
+        forms); the decompose pass writes MIL's `layer_norm` this way. `gamma`/`beta` are
+        arrays of the normalised shape, or Values that broadcast against x."""
+        p = self.graph.peek_name(name)
+        axes = sorted(a % x.rank for a in axes)
+        shape = [x.shape[a] if a in axes else 1 for a in range(x.rank)]
+        if gamma is not None and not isinstance(gamma, Value):
+            gamma = self.weight(f"{p}_g", np.reshape(gamma, shape), x.dtype)
+        if beta is not None and not isinstance(beta, Value):
+            beta = self.weight(f"{p}_b", np.reshape(beta, shape), x.dtype)
+        inv = self.scalar(1.0 / int(np.prod([x.shape[a] for a in axes])), x.dtype, f"{p}_invn")
+        mean = self.mul(self.reduce_sum(x, axes=axes, name=f"{p}_sum"), inv, name=f"{p}_mean")
         cent = self.sub(x, mean, name=f"{p}_cent")
-        var = self.mul(self.reduce_sum(self.mul(cent, cent, name=f"{p}_sq"), axes=[axis], name=f"{p}_sqsum"),
+        var = self.mul(self.reduce_sum(self.mul(cent, cent, name=f"{p}_sq"), axes=axes, name=f"{p}_sqsum"),
                        inv, name=f"{p}_var")
         veps = self.add(var, self.scalar(eps, x.dtype, f"{p}_eps"), name=f"{p}_veps")
         rstd = self.pow(veps, self.scalar(-0.5, x.dtype, f"{p}_nhalf"), name=f"{p}_rstd")
         out = self.mul(cent, rstd, name=f"{p}_norm" if gamma is not None or beta is not None else p)
-        shape = [1] * x.rank
-        shape[axis] = n
         if gamma is not None:
-            g = gamma if isinstance(gamma, Value) else self.weight(f"{p}_g", np.reshape(gamma, shape), x.dtype)
-            out = self.mul(out, g, name=f"{p}_scaled" if beta is not None else p)
+            out = self.mul(out, gamma, name=f"{p}_scaled" if beta is not None else p)
         if beta is not None:
-            bt = beta if isinstance(beta, Value) else self.weight(f"{p}_b", np.reshape(beta, shape), x.dtype)
-            out = self.add(out, bt, name=p)
+            out = self.add(out, beta, name=p)
         return out
 
-    def gelu_tanh(self, x: Value, name: str = "gelu") -> Value:
-        """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) from mul/add/tanh (exact √(2/π), not 0.7979)."""
+    def gelu_tanh(self, x: Value, name: str = "gelu", as_sigmoid: bool = False) -> Value:
+        """0.5·x·(1 + tanh u), u = √(2/π)·(x + 0.044715·x³), from mul/add/tanh (exact √(2/π),
+        not 0.7979): the form the decompose pass gives MIL's `gelu`.
+
+        `as_sigmoid` writes the same function as x·sigmoid(2u), 2u = x·(2c + 2c·0.044715·x²), in
+        six ops instead of nine: the device kernels' form, where every op costs a pass."""
         p = self.graph.peek_name(name)
+        if as_sigmoid:
+            x2 = self.mul(x, x, name=f"{p}_x2")
+            inner = self.add(self.mul(x2, 2 * GELU_C * GELU_CUBIC, name=f"{p}_a"), 2 * GELU_C, name=f"{p}_b")
+            return self.mul(x, self.sigmoid(self.mul(x, inner, name=f"{p}_2u"), name=f"{p}_sig"), name=p)
         x3 = self.mul(self.mul(x, x, name=f"{p}_x2"), x, name=f"{p}_x3")
-        inner = self.add(x, self.mul(x3, 0.044715, name=f"{p}_cx3"), name=f"{p}_inner")
-        th = self.tanh(self.mul(inner, math.sqrt(2.0 / math.pi), name=f"{p}_scaled"), name=f"{p}_th")
+        inner = self.add(x, self.mul(x3, GELU_CUBIC, name=f"{p}_cx3"), name=f"{p}_inner")
+        th = self.tanh(self.mul(inner, GELU_C, name=f"{p}_scaled"), name=f"{p}_th")
         return self.mul(self.mul(x, 0.5, name=f"{p}_hx"), self.add(th, 1.0, name=f"{p}_onep"), name=p)
 
     # --- finishing -----------------------------------------------------------------------

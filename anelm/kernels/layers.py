@@ -23,13 +23,11 @@ import numpy as np
 
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
+from ..models.layers import rope_full_width
 from ..models.names import layer_modules
-from ..quant.core import QLinear
-from ..quant.graph import quant_linear
+from .int8 import QLinear, quant_linear
 from .lora import add_lora
 from .norms import channel_norm, head_rms_norm
-
-GELU_C = math.sqrt(2.0 / math.pi)  # GELU tanh form: u = c·(x + 0.044715·x³)
 
 
 @dataclass(frozen=True)
@@ -133,8 +131,7 @@ def layer_params(s: LayerShape, w: dict[str, np.ndarray]) -> dict[str, tuple[np.
 
 def rope_full_tables(cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """HF's per-pair tables [T, Dh/2] -> full-width [1, 1, Dh, T] (each pair angle twice)."""
-    full = lambda t: np.concatenate([t, t], axis=-1).T[None, None].astype(np.float32)  # noqa: E731 - [1,1,Dh,T]
-    return full(cos), full(sin)
+    return rope_full_width(cos)[None, None], rope_full_width(sin)[None, None]
 
 
 def rotate_half_matrix(head_dim: int) -> np.ndarray:
@@ -155,7 +152,7 @@ def apply_rope(b: GraphBuilder, x: Value, cos: Value, sin: Value, rot: Value, na
 def _lin(b: GraphBuilder, x: Value, p: dict, key: str, lora: dict | None = None) -> Value:
     """Projection `key` of x, plus its LoRA term where `lora` (`kernels/lora.py`) has a slot for it."""
     w, bias = p[key]
-    if isinstance(w, QLinear):  # int8 weights (anelm.quant): the chip's int8 forms
+    if isinstance(w, QLinear):  # int8 weights (kernels/int8.py): the chip's int8 forms
         return quant_linear(b, x, w, bias, name=f"{key}_proj")
     return add_lora(b, b.linear(x, w, bias, name=f"{key}_proj"), x, lora, key)
 
@@ -168,13 +165,6 @@ def declare_inputs(b: GraphBuilder, shapes: dict[str, list[int]]) -> dict[str, V
 def stream_norm(b: GraphBuilder, s: LayerShape, x: Value, name: str) -> Value:
     """The layer's norm of the (scaled) residual stream: eps scales with the stream's square."""
     return channel_norm(b, x, s.eps / s.stream_scale ** 2, s.gpt2, name)
-
-
-def gelu_tanh(b: GraphBuilder, x: Value, name: str = "gelu") -> Value:
-    """0.5·x·(1 + tanh u) = x·sigmoid(2u), 2u = x·(2c + 2c·0.044715·x²): strict rejects `gelu`."""
-    x2 = b.mul(x, x, name=f"{name}_x2")
-    inner = b.add(b.mul(x2, 2 * GELU_C * 0.044715, name=f"{name}_a"), 2 * GELU_C, name=f"{name}_b")
-    return b.mul(x, b.sigmoid(b.mul(x, inner, name=f"{name}_2u"), name=f"{name}_sig"), name=name)
 
 
 def layer_front(b: GraphBuilder, s: LayerShape, p: dict, x: Value, rope: tuple[Value, Value] | None,
@@ -208,7 +198,7 @@ def layer_back(b: GraphBuilder, s: LayerShape, p: dict, x: Value, attn: Value, l
     x2 = b.add(x, _lin(b, attn, p, "o", lora), name="resid1")
     h = stream_norm(b, s, x2, "mlp_norm")
     if s.gpt2:
-        m = _lin(b, gelu_tanh(b, _lin(b, h, p, "fc", lora)), p, "proj", lora)
+        m = _lin(b, b.gelu_tanh(_lin(b, h, p, "fc", lora), as_sigmoid=True), p, "proj", lora)  # strict rejects `gelu`
     else:  # SwiGLU; silu as x·sigmoid(x) (CONTRACTS §2 conservative form)
         g = _lin(b, h, p, "gate", lora)
         act = b.mul(g, b.sigmoid(g, name="mlp_sig"), name="mlp_silu")

@@ -41,7 +41,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..compiler.passes.cost import graph_flops  # noqa: F401  (re-exported: the kernels' flop count)
 from ..errors import ShapeError
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Graph, Value

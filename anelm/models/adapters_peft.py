@@ -26,6 +26,7 @@ from ..atomic import atomic_dir
 from .adapters import Adapter, LoraSpec, check_fits
 from .errors import AdapterError
 from .names import target_names
+from .safetensors_io import save_safetensors
 
 CONFIG_FILE, WEIGHTS_FILE, PREFIX = "adapter_config.json", "adapter_model.safetensors", "base_model.model."
 KEY = re.compile(r"(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.(?P<name>[^.]+))?\.weight")
@@ -36,8 +37,6 @@ UNSUPPORTED = (("use_dora", False), ("use_rslora", False), ("lora_bias", False),
 
 def save_peft(adapter: Adapter, folder: str | Path) -> Path:
     """Write the adapter folder atomically (built beside `folder`, then renamed into place)."""
-    from safetensors.numpy import save_file
-
     s = adapter.spec
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": s.rank, "lora_alpha": s.alpha,
               "lora_dropout": s.dropout, "target_modules": list(s.targets),
@@ -51,7 +50,7 @@ def save_peft(adapter: Adapter, folder: str | Path) -> Path:
     folder = Path(folder)
     with atomic_dir(folder) as tmp:
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})  # "pt": as PEFT writes
+        save_safetensors(tmp / WEIGHTS_FILE, tensors, metadata={"format": "pt"})  # "pt": as PEFT writes
     return folder
 
 
@@ -68,7 +67,7 @@ def adapter_folder(path: str | Path) -> Path:
 
 def load_peft(path: str | Path, config) -> Adapter:
     """The adapter in `path` (ours, a finetune RUN's, or PEFT's), checked against the base `config`."""
-    from .loading import read_safetensors
+    from .loading import read_weight_files
 
     folder = adapter_folder(path)
     spec = _read_spec(folder / CONFIG_FILE, config)
@@ -77,7 +76,7 @@ def load_peft(path: str | Path, config) -> Adapter:
         found = " (found adapter_model.bin; only safetensors are read)" if (folder / "adapter_model.bin").is_file() else ""
         raise AdapterError(f"no {WEIGHTS_FILE} in {folder}{found}: expected the adapter's tensors beside "
                            f"{CONFIG_FILE}")
-    tensors = _pairs(read_safetensors([weights]), weights, config.model_type)
+    tensors = _pairs(read_weight_files([weights]), weights, config.model_type)
     targets = {m.rsplit(".", 1)[-1] for m in tensors}
     valid = target_names(config.model_type)
     spec = LoraSpec(spec.rank, spec.alpha, spec.dropout,

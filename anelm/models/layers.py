@@ -48,15 +48,22 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
 
 
 # --- RoPE, HF's half-split convention: dimension i pairs with i + hd/2 ----------------------
+# The one definition of the tables: the CPU reference, the device graphs (kernels/) and the
+# training step (train/cpu_ops.py, channel-first) all take them from here.
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
-    """Per-pair angular frequencies [hd/2], with HF's `linear` and `llama3` rescaling."""
-    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    """Per-pair angular frequencies [hd/2], with HF's `linear` and `llama3` rescaling.
+
+    Computed in float32 as HF does (1/θ^(2i/hd)), so the tables match its to the bit; the
+    rescaling runs in float64 on those values.
+    """
+    f32 = np.float32
+    inv = f32(1.0) / (f32(theta) ** (np.arange(0, head_dim, 2, dtype=f32) / f32(head_dim)))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "linear":
-        inv = inv / scaling["factor"]
+        inv = inv.astype(np.float64) / scaling["factor"]
     elif kind == "llama3":
-        inv = _llama3_scale(inv, scaling)
+        inv = _llama3_scale(inv.astype(np.float64), scaling)
     return inv.astype(np.float32)
 
 
@@ -75,6 +82,12 @@ def rope_tables(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray
     """cos and sin, each [T, hd/2], for absolute positions [T]."""
     ang = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, hd/2]
     return np.cos(ang), np.sin(ang)
+
+
+def rope_full_width(table: np.ndarray) -> np.ndarray:
+    """A per-pair table [T, hd/2] channel-first over the whole head, [hd, T]: row i and row
+    i + hd/2 hold the same angle (the layout of the device graphs and the training step)."""
+    return np.ascontiguousarray(np.concatenate([table, table], axis=-1).T, dtype=np.float32)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

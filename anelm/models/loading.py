@@ -12,17 +12,17 @@ import importlib
 import json
 import os
 import re
-import struct
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
-from ..quant.folder import QuantizedWeights, quant_config, scheme_of, unpack
 from .base import CausalLM, check_weights
 from .config import ModelConfig, config_class, config_from_dict
 from .errors import LoadError
 from .llama2c import read_llama2c
+from .quantized import QuantizedWeights, quant_config, scheme_of, unpack
+from .safetensors_io import SafetensorsError, read_safetensors
 from .tokenizer import Tokenizer, find_tokenizer, load_tokenizer
 
 KINDS = "an HF folder, a RUN folder, a quantized folder, a llama2.c .bin or a .gguf file"
@@ -62,7 +62,7 @@ def load_model(path: str | os.PathLike, tokenizer: str | os.PathLike | None = No
     elif p.suffix == ".safetensors":
         tok_dir = p.parent.parent if p.parent.name == "checkpoints" else p.parent
         config = read_config(tok_dir)
-        raw = read_safetensors([p], set(architecture(config.model_type).expected_shapes(config)))
+        raw = read_weight_files([p], set(architecture(config.model_type).expected_shapes(config)))
     else:
         raise LoadError(f"cannot read model file {p}: expected {KINDS}")
     plan = None
@@ -103,12 +103,12 @@ def _read_folder(d: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     ckpt = latest_checkpoint(d)
     if ckpt is not None:
         # A training checkpoint also holds optimizer state: read only the model's tensors.
-        return config, read_safetensors([ckpt], set(architecture(config.model_type).expected_shapes(config)))
+        return config, read_weight_files([ckpt], set(architecture(config.model_type).expected_shapes(config)))
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        return config, read_safetensors(_shards(index))
+        return config, read_weight_files(_shards(index))
     if (d / "model.safetensors").is_file():
-        return config, read_safetensors([d / "model.safetensors"])
+        return config, read_weight_files([d / "model.safetensors"])
     other = [f.name for f in d.glob("*.bin")] + [f.name for f in d.glob("*.pt*")]
     found = f" (found {', '.join(sorted(other))}; only safetensors are read)" if other else ""
     raise LoadError(f"no weights in {d}: expected model.safetensors, model.safetensors.index.json "
@@ -127,36 +127,12 @@ def _shards(index: Path) -> list[Path]:
     return files
 
 
-def read_safetensors(files: list[Path], names: set[str] | None = None) -> dict[str, np.ndarray]:
+def read_weight_files(files: list[Path], names: set[str] | None = None) -> dict[str, np.ndarray]:
     """Tensors of `files` (only `names` when given) as numpy; bf16 widened to float32."""
-    from safetensors import SafetensorError, safe_open
-
     out: dict[str, np.ndarray] = {}
     for f in files:
         try:
-            with safe_open(str(f), framework="numpy") as st:
-                keys = [k for k in st.keys() if names is None or k in names]
-                bf16 = [k for k in keys if st.get_slice(k).get_dtype() == "BF16"]
-                out.update({k: st.get_tensor(k) for k in keys if k not in bf16})
-            out.update(_read_bf16(f, bf16))
-        except (SafetensorError, OSError, ValueError) as e:
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise LoadError(f"{f}: not a readable safetensors file ({msg})") from None
-    return out
-
-
-def _read_bf16(path: Path, keys: list[str]) -> dict[str, np.ndarray]:
-    # numpy has no bfloat16: read the raw bytes (u64 header length, JSON header, data) and
-    # widen, since a bf16 value is the top half of the float32 with the same bits.
-    if not keys:
-        return {}
-    with open(path, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
-        out = {}
-        for k in keys:
-            start, end = header[k]["data_offsets"]
-            fh.seek(8 + n + start)
-            raw = np.frombuffer(fh.read(end - start), dtype="<u2")
-            out[k] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(header[k]["shape"])
+            out.update(read_safetensors(f, names)[1])
+        except SafetensorsError as e:
+            raise LoadError(f"{f}: not a readable safetensors file ({e})") from None
     return out

@@ -8,10 +8,13 @@ names a layer's parts by *role* and asks here for the HF spelling:
     weight_name("gpt2", 3, "qkv")       -> "transformer.h.3.attn.c_attn.weight"
     layer_weights(config, weights, 3)   -> layer 3's weights keyed by the names inside the layer
     target_roles("gpt2", "c_proj")      -> ("o", "proj")   (LoRA targets, `adapters.py`)
+    model_weight("llama", "embed")      -> "model.embed_tokens.weight"
 
 Roles: `attn_norm`, `mlp_norm` (the two norms of the stream), `q`, `k`, `v`, `o` (attention
 projections; GPT-2 fuses q, k, v into `qkv`), `q_norm`, `k_norm` (Qwen3's per-head norms),
-`gate`, `up`, `down` (SwiGLU) or `fc`, `proj` (GPT-2's MLP).
+`gate`, `up`, `down` (SwiGLU) or `fc`, `proj` (GPT-2's MLP). Outside the layers: `embed` (the
+token embedding), `positions` (GPT-2's learned positions), `final_norm`, `head` (the output
+projection; absent when tied, the embedding serves).
 """
 
 from __future__ import annotations
@@ -36,6 +39,34 @@ PROJECTIONS = {"gpt2": ("qkv", "o", "fc", "proj"),
                "llama": ("q", "k", "v", "o", "gate", "up", "down"),
                "qwen3": ("q", "k", "v", "o", "gate", "up", "down")}
 DEFAULT_TARGETS = {"gpt2": ("c_attn",), "llama": ("q_proj", "v_proj"), "qwen3": ("q_proj", "v_proj")}
+_LLAMA_ENDS = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight", "head": "lm_head.weight"}
+MODEL_WEIGHTS = {
+    "gpt2": {"embed": "transformer.wte.weight", "positions": "transformer.wpe.weight",
+             "final_norm": "transformer.ln_f.weight", "head": "lm_head.weight"},
+    "llama": _LLAMA_ENDS,
+    "qwen3": _LLAMA_ENDS,
+}
+FAMILY = {"llama": "llama", "qwen3": "llama", "gpt2": "gpt2"}  # model_type -> the layer layout it shares
+
+
+def family(model_type: str) -> str:
+    """The layer layout `model_type` shares ("llama" for Llama and Qwen3, "gpt2")."""
+    return FAMILY[model_type]
+
+
+def family_members(name: str) -> tuple[str, ...]:
+    """The model types whose layers have the layout of family `name`."""
+    return tuple(t for t, f in FAMILY.items() if f == name)
+
+
+def model_weight(model_type: str, role: str) -> str:
+    """The HF name of a weight outside the layers: `embed`, `positions`, `final_norm`, `head`."""
+    return MODEL_WEIGHTS[model_type][role]
+
+
+def has_head_norms(model_type: str) -> bool:
+    """Whether attention normalises q and k per head (Qwen3's q_norm, k_norm)."""
+    return "q_norm" in MODULES.get(model_type, {})
 
 
 def layer_modules(model_type: str) -> dict[str, str]:

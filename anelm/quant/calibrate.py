@@ -2,7 +2,7 @@
 
 The CPU model's `project(i, name, x)` is every projection's one entry point, so wrapping it
 on an instance sees each linear's input x [T, in] as the int8 kernels see it (after the norm
-gain; without GPT-2's LayerNorm shift, which the kernels fold into the bias: `fold.py`): per
+gain; without GPT-2's LayerNorm shift, which the kernels fold into the bias: `kernels/int8.py`): per
 input channel the largest |x|, and, for W8, per output row the largest unscaled int8 sum
 |x·qᵀ| the accumulator will hold.
 """
@@ -15,7 +15,8 @@ from typing import Sequence
 import numpy as np
 
 from ..models.loading import build_model
-from .fold import layer_prefix, norm_shifts
+from ..models.names import layer_prefix
+from ..models.quantized import norm_shifts
 
 
 def calibrate(config, weights: dict[str, np.ndarray], ids: Sequence[int], seq_len: int,
@@ -23,7 +24,7 @@ def calibrate(config, weights: dict[str, np.ndarray], ids: Sequence[int], seq_le
               ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """({linear: channel max|x| [in]}, {linear: max unscaled sum}) over windows of `ids`.
 
-    Linears have their HF names (fold.linear_names); `ints` gives the int8 matrices whose sums
+    Linears have their HF names (models.quantized.linear_names); `ints` gives the int8 matrices whose sums
     are measured (none: only the channel ranges)."""
     from tqdm import tqdm
 

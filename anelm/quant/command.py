@@ -9,7 +9,7 @@ median channel stays under 3, and its down projections' inputs reach 3,323 and 1
 channels (layer 11) against a median of 1.1. One int8 scale for such a tensor gives every
 ordinary channel a step of 26, so they round to 0. We keep the channels whose calibrated range
 exceeds OUTLIER_RATIO × the median channel's out of int8 (at most 1/MAX_KEEP_FRACTION of them):
-they go through a small fp16 side product (quant/graph.py), and the rest get one scale from
+they go through a small fp16 side product (kernels/int8.py), and the rest get one scale from
 their own range. We chose this over SmoothQuant's migration (x/s into int8, W·diag s into the
 int8 rows, s_j = max|x_j|^α / max|W_j|^(1-α)) because it measures better: SmolLM2, 256 tokens
 of the Apache license calibrating and the next 256 scored, both done in float32 on the CPU
@@ -34,9 +34,8 @@ import numpy as np
 
 from ..models.errors import InputError
 from .calibrate import calibrate
-from .core import QMAX, InputQuant, power_of_two_above, quantize_rows
-from .fold import check_supported, linear_names
-from .folder import METHOD, QuantPlan, pack, refuse_quantized
+from ..models.quantized import (METHOD, QMAX, InputQuant, QuantPlan, check_supported, linear_names, pack,
+                               power_of_two_above, quantize_rows, refuse_quantized)
 
 ACC_TARGET = 8192.0  # W8: largest calibrated unscaled sum after the shift
 OUTLIER_RATIO = 8.0  # W8A8: a channel whose range exceeds this × the median channel's stays fp16
@@ -103,8 +102,9 @@ def split_text(tok, text: str, calib_tokens: int, eval_tokens: int) -> tuple[lis
 
 
 def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens: int, eval_tokens: int,
-                     device: str = "auto", progress: bool | None = None) -> dict:
-    """Everything `anelm quantize` does; returns the report."""
+                     device: str = "auto", progress: bool | None = None, profile=None) -> dict:
+    """Everything `anelm quantize` does; returns the report. `profile`: the devices' chip
+    profile (a ChipProfile; None: ANELM_PROFILE, else strict)."""
     from ..generate.perplexity import perplexity
     from ..generate.runner import make_runner
     from ..models.loading import load_model
@@ -119,9 +119,11 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
     calib, held = split_text(tok, text, calib_tokens, eval_tokens)
     seq = min(config.max_position_embeddings, 512)
     folder, plan, chan = build_folder(Path(out), config, weights, tok, scheme, calib, seq, progress)
-    source_ppl = perplexity(make_runner(config, weights, device, max_context=seq), held, seq, progress).ppl
+    source_ppl = perplexity(make_runner(config, weights, device, max_context=seq, profile=profile), held, seq,
+                            progress).ppl
     qconfig, qweights, _ = load_model(folder)
-    quantized_ppl = perplexity(make_runner(qconfig, qweights, device, max_context=seq), held, seq, progress).ppl
+    quantized_ppl = perplexity(make_runner(qconfig, qweights, device, max_context=seq, profile=profile), held, seq,
+                               progress).ppl
     report = {"scheme": scheme, "source_ppl": source_ppl, "quantized_ppl": quantized_ppl, "eval_tokens": len(held),
               "source_bytes": device_bytes(weights), "quantized_bytes": device_bytes(qweights, plan),
               "max_activation": float(max(float(c.max()) for c in chan.values())),
@@ -148,10 +150,10 @@ def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq:
 
 
 def _write(d: Path, cfg: dict, tensors: dict, tok) -> None:
-    from safetensors.numpy import save_file
+    from ..models.safetensors_io import save_safetensors
 
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(d / "model.safetensors", tensors, metadata={"format": "pt"})
     tok.save(d)
 
 

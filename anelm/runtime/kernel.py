@@ -19,6 +19,7 @@ from collections.abc import Collection
 
 import numpy as np
 
+from ..chip.surfaces import bind_order, surface_sizes
 from ..device.base import Device, Surface
 from ..device.fp16 import round_fp16, write_fp16_columns
 from ..device.overflow import warn_overflow, warned
@@ -27,14 +28,9 @@ from ..mil.program import storage_dtype
 from .cache import ProgramCache, program_cache
 
 
-def _ordered(specs: list, alphabetical: bool) -> list:
-    return sorted(specs, key=lambda s: s.name) if alphabetical else list(specs)
-
-
-def _sizes(specs: list, uniform: bool, minimum: int) -> list[int]:
-    """Allocation per surface: the signature's, raised to the tensor and the device minimum."""
-    sizes = [max(s.surface_bytes, s.nbytes, minimum) for s in specs]
-    return [max(sizes)] * len(sizes) if uniform and sizes else sizes
+def _sizes(specs: list, profile, side: str) -> list[int]:
+    """Allocation per surface: the signature's, raised to what the device's profile needs."""
+    return surface_sizes([max(s.surface_bytes, s.nbytes) for s in specs], profile, side)
 
 
 def _as_input(spec, array, surface: Surface, exact: bool = False) -> np.ndarray:
@@ -73,8 +69,8 @@ class Kernel:
         self._cache = cache if cache is not None else program_cache()
         p = device.profile
         sig = artifact.signature
-        self.inputs = _ordered(sig.inputs, p.bind_inputs_alphabetically)  # binding order
-        self.outputs = _ordered(sig.outputs, p.bind_outputs_alphabetically)
+        self.inputs = bind_order(sig.inputs, p, "inputs", name=lambda s: s.name)  # binding order
+        self.outputs = bind_order(sig.outputs, p, "outputs", name=lambda s: s.name)
         self._declared_outputs = [s.name for s in sig.outputs]
         meta = getattr(artifact, "meta", None) or {}
         self.name = meta.get("name") or f"kernel {artifact.key(p)[:12]}"  # the name it was compiled with
@@ -82,8 +78,8 @@ class Kernel:
         self._user = dict(meta.get("aliases", {}))  # mil name -> user name
         self._mil = {u: m for m, u in self._user.items()}
         self._concat = dict(meta.get("concat_outputs", {}))  # rebuilt here on the CPU
-        self._in_sizes = _sizes(self.inputs, p.uniform_input_sizes, p.min_surface_bytes)
-        out_sizes = _sizes(self.outputs, p.uniform_output_sizes, p.min_surface_bytes)
+        self._in_sizes = _sizes(self.inputs, p, "inputs")
+        out_sizes = _sizes(self.outputs, p, "outputs")
         self.model = self._cache.acquire(artifact, device)
         self._out_surfaces = [device.new_surface(n) for n in out_sizes]  # shared by every request
         self._lock = threading.Lock()

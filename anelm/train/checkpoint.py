@@ -7,8 +7,8 @@ and the data position, so `--resume` continues exactly.
 
 Writes are atomic: a temp file in the same folder, fsync, `os.replace`, fsync of the folder.
 A crash at any moment leaves the previous checkpoints intact, and `latest_checkpoint` never
-sees a half-written file. The file is streamed tensor by tensor (safetensors layout: u64
-header size, JSON header, packed data), so saving a model never holds a second copy of it.
+sees a half-written file. The file is streamed tensor by tensor
+(`models.safetensors_io.save_safetensors`), so saving a model never holds a second copy of it.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_open
+from ..models.safetensors_io import SafetensorsError, read_safetensors, save_safetensors
 from .errors import CheckpointError
 
 FORMAT = "anelm.checkpoint/1"
 OPT_PREFIX = "optimizer."
 _NAME = re.compile(r"step-(\d+)\.safetensors")
-_DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int64": "I64", "int32": "I32",
-           "uint32": "U32", "uint16": "U16", "uint8": "U8", "int8": "I8"}
 # config keys that fix tensor shapes or meaning; a checkpoint must agree on all of them
 SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
               "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")
@@ -80,7 +78,9 @@ def save_checkpoint(run_dir: str | Path, ckpt: Checkpoint, keep_last: int | None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(path.parent)
-        _atomic_write(path, tensors, meta)
+        save_safetensors(path, tensors, meta, durable=True)  # temp file, fsync, rename, fsync the folder
+    except SafetensorsError as e:
+        raise CheckpointError(str(e)) from None
     except OSError as e:
         raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}; "
                               "expected a writable run folder") from None
@@ -96,43 +96,13 @@ def _remove_stale_temps(d: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _atomic_write(path: Path, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-    with atomic_open(path, durable=True) as f:  # temp file, fsync, rename, fsync the folder
-        _write_safetensors(f, tensors, meta)
-
-
-def _write_safetensors(f, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-    header: dict = {"__metadata__": meta}
-    arrays, offset = [], 0
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        if a.dtype.name not in _DTYPES:
-            raise CheckpointError(f"tensor {name}: expected one of {sorted(_DTYPES)}, got {a.dtype}")
-        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        header[name] = {"dtype": _DTYPES[a.dtype.name], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
-        arrays.append(a)
-        offset += a.nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # data starts 8-aligned, as the safetensors writer does
-    f.write(len(blob).to_bytes(8, "little"))
-    f.write(blob)
-    for a in arrays:
-        _write_array(f, a)
-
-
-def _write_array(f, a: np.ndarray) -> None:
-    if a.nbytes:
-        f.write(memoryview(a.reshape(-1)).cast("B"))
-
-
 # ----------------------------------------------------------------------------- loading
 
 def load_checkpoint(path: str | Path, config: dict | None = None,
                     shapes: dict[str, tuple] | None = None) -> Checkpoint:
     """Read a checkpoint; with `config` / `shapes`, refuse one made for another model."""
     path = Path(path)
-    meta, tensors = _read_safetensors(path)
+    meta, tensors = _read(path)
     try:
         if meta.get("format") != FORMAT:
             raise ValueError(f"format {meta.get('format')!r}")
@@ -155,21 +125,14 @@ def load_checkpoint(path: str | Path, config: dict | None = None,
     return ck
 
 
-def _read_safetensors(path: Path, weights_only: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
-    from safetensors import safe_open
-
+def _read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()
-                       if not (weights_only and k.startswith(OPT_PREFIX))}  # optimizer: 2× the size
-    except Exception as e:  # SafetensorError and friends: truncated, garbage, bad header
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is corrupt ({first}); "
+        return read_safetensors(path)
+    except SafetensorsError as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt ({e}); "
                               "expected a safetensors file written by anelm train") from None
-    return meta, tensors
 
 
 def _check_config(path: Path, got: dict, want: dict) -> None:

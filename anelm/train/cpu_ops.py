@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
+from ..models import layers
+from ..models.names import has_head_norms
 
 F32 = np.float32
 FP16_MAX = 65504.0
@@ -94,22 +96,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.reciprocal(e, out=e)
 
 
-def silu_fwd(x: np.ndarray) -> np.ndarray:
-    """silu(x) = x·σ(x), elementwise, any shape."""
-    return x * _sigmoid(x)
-
-
-def silu_bwd(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """d silu/dx = σ(x)·(1 + x·(1 − σ(x))), elementwise."""
-    s = _sigmoid(x)
-    return dy * s * (F32(1.0) + x * (F32(1.0) - s))
-
-
-def swiglu_fwd(h1: np.ndarray, h3: np.ndarray) -> np.ndarray:
-    """gate = silu(h1)·h3. h1 = W1·x (gate_proj), h3 = W3·x (up_proj), both `[H, S]`."""
-    return silu_fwd(h1) * h3
-
-
 def swiglu_bwd(dgate: np.ndarray, h1: np.ndarray, h3: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(dh1, dh3) from dgate `[H, S]`: dh1 = dgate·h3·silu'(h1), dh3 = dgate·silu(h1)."""
     s = _sigmoid(h1)
@@ -132,23 +118,13 @@ def swiglu_flops(h: int, s: int, backward: bool = False) -> int:
 
 def rope_tables(head_dim: int, positions: np.ndarray, theta: float,
                 scaling: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin tables `[hd, S]` for the given column positions `[S]`.
-
-    Computed in float32 the way HF does (inv_freq = 1/θ^(2i/hd), angle = p·inv_freq), with
-    each frequency repeated in both halves: row i and row i + hd/2 hold the same angle.
-    `scaling` (HF rope_parameters: linear, llama3) rescales the frequencies as the models do.
-    """
+    """cos, sin tables `[hd, S]` for the given column positions `[S]`: the models' tables
+    (`models.layers`, HF's float32 frequencies and `scaling`), channel-first, each frequency
+    in both halves (row i and row i + hd/2 hold the same angle)."""
     if head_dim % 2:
         raise ShapeError(f"rope: expected an even head_dim, got {head_dim}")
-    if scaling is None:
-        inv_freq = F32(1.0) / (F32(theta) ** (np.arange(0, head_dim, 2, dtype=F32) / F32(head_dim)))
-    else:
-        from ..models.layers import rope_inv_freq
-
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
-    ang = inv_freq[:, None] * np.asarray(positions, dtype=F32)[None, :]  # (hd/2, S)
-    ang = np.concatenate([ang, ang], axis=0)                                # (hd, S)
-    return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+    cos, sin = layers.rope_tables(np.asarray(positions), layers.rope_inv_freq(head_dim, theta, scaling))
+    return layers.rope_full_width(cos), layers.rope_full_width(sin)
 
 
 def _rotate_half(x3: np.ndarray) -> np.ndarray:
@@ -175,32 +151,6 @@ def rope_bwd(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 def rope_flops(c: int, s: int) -> int:
     return 4 * c * s
-
-
-# --------------------------------------------------------------------- GQA head mapping
-
-def gqa_expand(kv: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
-    """K or V `[Hkv·hd, S]` → `[Hq·hd, S]`; query head h reads KV head h // (Hq/Hkv), as HF's
-    repeat_kv (repeat-interleave) does."""
-    n_kv = kv.shape[0] // head_dim
-    if n_kv * head_dim != kv.shape[0] or n_heads % n_kv:
-        raise ShapeError(f"gqa: expected [Hkv*{head_dim}, S] with Hkv dividing {n_heads}, "
-                         f"got shape {list(kv.shape)}")
-    kv4 = kv.reshape(n_kv, 1, head_dim, kv.shape[1])  # (Hkv, 1, hd, S)
-    full = np.broadcast_to(kv4, (n_kv, n_heads // n_kv, head_dim, kv.shape[1]))
-    return full.reshape(n_heads * head_dim, kv.shape[1])  # (Hq·hd, S), a copy
-
-
-def gqa_reduce(dkv_full: np.ndarray, n_kv_heads: int, head_dim: int) -> np.ndarray:
-    """Transpose of `gqa_expand`: `[Hq·hd, S]` → `[Hkv·hd, S]`, summing each group's heads."""
-    s = dkv_full.shape[1]
-    group = dkv_full.shape[0] // (n_kv_heads * head_dim)
-    if group * n_kv_heads * head_dim != dkv_full.shape[0]:
-        raise ShapeError(f"gqa: expected [Hq*{head_dim}, S] with Hq a multiple of {n_kv_heads}, "
-                         f"got shape {list(dkv_full.shape)}")
-    g4 = dkv_full.reshape(n_kv_heads, group, head_dim, s)  # (Hkv, group, hd, S)
-    return g4.sum(axis=1).reshape(n_kv_heads * head_dim, s)
-
 
 
 # ------------------------------------------------------------------------- embedding
@@ -238,15 +188,6 @@ def embed_flops(d: int, s: int, backward: bool = False) -> int:
 
 # ------------------------------------------------------ linear maps and weight gradients
 
-def linear_fwd(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """y = W·x: W `[out, in]`, x `[in, S]` → `[out, S]` (a 1×1 conv in device terms)."""
-    return w @ x
-
-
-def linear_dx(w: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """dx = Wᵀ·dy: dy `[out, S]` → `[in, S]`."""
-    return w.T @ dy
-
 
 def dw(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Weight gradient of y = W·x: dW = dy·xᵀ, `[out, in]` like the weight (PyTorch orientation).
@@ -272,11 +213,6 @@ def matmul_flops(m: int, n: int, k: int) -> int:
 def classifier_fwd(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """logits `[V, S]` = W·x for the (tied or untied) output head W `[V, D]`, x `[D, S]`."""
     return w @ x
-
-
-def classifier_bwd(dlogits: np.ndarray, w: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(dx `[D, S]`, dW `[V, D]`). For tied embeddings add `embed_bwd` into this dW."""
-    return w.T @ dlogits, dlogits @ x.T
 
 
 def cross_entropy(logits: np.ndarray, targets: np.ndarray,
@@ -333,7 +269,7 @@ def cpu_step_flops(cfg: dict, n_tokens: int, rope_on_cpu: bool = True) -> int:
                  + (rope_flops(q_dim + kv_dim, n) if rope_on_cpu else 0)
                  + matmul_flops(d, n, 2 * q_dim + 2 * kv_dim)    # dWq, dWk, dWv, dWo
                  + matmul_flops(d, n, 3 * inter))                # dW gate, up, down
-    if cfg.get("model_type") == "qwen3":                         # q/k norm backward
+    if has_head_norms(cfg.get("model_type")):                    # q/k norm backward
         per_layer += rmsnorm_flops(q_dim + kv_dim, n, backward=True)
     v = cfg["vocab_size"]
     head = (3 * matmul_flops(v, d, n) + cross_entropy_flops(v, n)

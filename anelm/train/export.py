@@ -42,7 +42,7 @@ def export_run(run: str | Path, out: str | Path, merge: bool = False,
     the checkpoint exported; None for a GGUF or an adapter). `base`: the model a finetune RUN
     was trained on, when it is no longer where its adapter_config.json says."""
     from ..models.loading import load_model
-    from ..quant.folder import refuse_quantized
+    from ..models.quantized import refuse_quantized
 
     run, out = Path(run), Path(out)
     refuse_quantized(run, "export")
@@ -118,16 +118,15 @@ def _check_destination(out: Path) -> None:
 def _write_folder(d: Path, config, weights: dict[str, np.ndarray], run: Path | None = None,
                   tokenizer=None) -> None:
     """The folder's files: the tokenizer files copied from `run`, or written by `tokenizer`."""
-    from safetensors.numpy import save_file
-
     from ..models.loading import architecture
+    from ..models.safetensors_io import save_safetensors
 
     cfg = {**config.to_dict(), "torch_dtype": "float32"}
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     hf = architecture(config.model_type).unsanitize(weights, config)  # e.g. GPT-2's Conv1D as [in, out]
     # "format": "pt" is what transformers expects in a safetensors header from a torch model
-    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf.items()},
-              str(d / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(d / "model.safetensors", {k: np.asarray(v, dtype=np.float32) for k, v in hf.items()},
+                     metadata={"format": "pt"})
     for name in TOKENIZER_FILES if run is not None else ():
         if (run / name).is_file():
             shutil.copy2(run / name, d / name)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.names import layer_modules
+from ..models.names import family, family_members, layer_modules
 from .errors import TrainError
 
-RESIDUAL_PROJECTIONS = tuple(f"{layer_modules('llama')[r]}.weight" for r in ("o", "down"))
-TRAINABLE_TYPES = ("llama", "qwen3", "gpt2")  # what the device training steps implement (step.py, step_gpt2.py)
+# what the device training steps implement (step.py: the Llama family; step_gpt2.py: GPT-2)
+TRAINABLE_TYPES = family_members("llama") + family_members("gpt2")
+RESIDUAL_ROLES = {"llama": ("o", "down"), "gpt2": ("o", "proj")}  # projections into the stream
 
 
 def model_config(cfg: dict):
@@ -47,12 +48,14 @@ def init_weights(config, seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
     """Fresh float32, C-contiguous master weights (AdamW requires both)."""
     rng = np.random.Generator(np.random.PCG64(seed))
     residual_std = std / math.sqrt(2 * config.num_hidden_layers)
+    modules = layer_modules(config.model_type)
+    residual = tuple(f"{modules[r]}.weight" for r in RESIDUAL_ROLES[family(config.model_type)])
     out = {}
     for name, shape in weight_shapes(config).items():
-        if len(shape) == 1:  # RMSNorm scales (input, post-attention, final, q/k norms)
-            out[name] = np.ones(shape, np.float32)
+        if len(shape) == 1:  # norm scales (input, post-attention, final, q/k norms) and biases
+            out[name] = (np.zeros if name.endswith(".bias") else np.ones)(shape, np.float32)
             continue
-        s = residual_std if name.endswith(RESIDUAL_PROJECTIONS) else std
+        s = residual_std if name.endswith(residual) else std
         out[name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(s))
     return out
 
@@ -61,7 +64,7 @@ def load_pretrained(hf_dir: str | Path):
     """(config dict with HF names, float32 weights, tokenizer or None) from an HF folder or GGUF,
     for `--init-from`: fine-tuning starts from these weights instead of random ones."""
     from ..models.loading import load_model
-    from ..quant.folder import refuse_quantized
+    from ..models.quantized import refuse_quantized
 
     p = Path(hf_dir)
     if not (p.is_dir() or (p.is_file() and p.suffix == ".gguf")):

@@ -19,12 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..compiler.passes.cost import kernel_flops
 from ..compiler.pipeline import compile_graph
 from ..device.fp16 import round_fp16
 from ..errors import CompileError
 from ..kernels.training import (BACKWARD, WEIGHTED, WEIGHTLESS, Dims, LoraLayout, adapter_mats, build_graph,
-                                graph_flops, layer_mats, layouts)
-from ..models.names import layer_prefix
+                                layer_mats, layouts)
 from ..runtime.kernel import Kernel, Request
 
 
@@ -55,7 +55,7 @@ class KernelBank:
         got = [s.name for s in art.signature.outputs]
         if got != want:  # the bank reads outputs by these names
             raise CompileError(kind, f"outputs were renamed to {got}", f"declare {want} alphabetically")
-        self.flops[kind] = graph_flops(graph)
+        self.flops[kind] = kernel_flops(art)
         kern = Kernel(art, self.device, cache=cache, float32_outputs=True, warn_overflow=kind not in DX_KINDS)
         self._kernels.append(kern)
         return kern
@@ -97,6 +97,18 @@ class KernelBank:
         self._req.clear()
 
 
+class _Rounded(dict):
+    """fp16-rounded copies of `weights`, each made when a kernel first asks for it."""
+
+    def __init__(self, weights: dict[str, np.ndarray]):
+        super().__init__()
+        self.weights = weights
+
+    def __missing__(self, name: str) -> np.ndarray:
+        self[name] = out = round_fp16(self.weights[name])
+        return out
+
+
 class DynamicBank(KernelBank):
     """Weights travel in the inputs: ten compiles in all, none per update."""
 
@@ -117,8 +129,7 @@ class DynamicBank(KernelBank):
         # restaging runs one layer per core (the device is idle meanwhile). A layer's matrices
         # are rounded to fp16 once for both the forward (Wᵀ) and the dx (W) kernels.
         def stage(layer):
-            p = layer_prefix(self.model_type, layer)
-            rounded = {k: round_fp16(w) for k, w in weights.items() if k.startswith(p) and w.ndim == 2}
+            rounded = _Rounded(weights)
             for kind in WEIGHTED:
                 mats = layer_mats(kind, rounded, layer, self.model_type, self.dims)
                 self._stage(self._req[(kind, layer)], kind, mats, exact=True)

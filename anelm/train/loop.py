@@ -73,7 +73,6 @@ class Trainer:
         self.sync = sync = sync or SOLO
         self.params, self.budget, self.restart = setup.params, budget, restart
         self.after_save = after_save  # (step, params) once a checkpoint is written (finetune: RUN/adapter)
-        self._notice = lambda m: print(f"anelm: {m}", file=sys.stderr, flush=True)
         a = self.a
         self.opt = AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay)
         self.scaler = make_scaler(a.loss_scale)
@@ -92,7 +91,7 @@ class Trainer:
         self.device_name = getattr(device, "name", str(device))
         self.last_eval: float | None = None
         self.weights_stale = False  # set_weights hit the compile budget: the device is behind
-        self._say = self._notice
+        self._say = lambda m: print(m, file=sys.stderr, flush=True)  # train() routes it past its bar
         self._recent: list[dict] = []
         self.n_params = sum(int(p.size) for p in self.params.values())
 

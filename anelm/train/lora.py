@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..models.adapters import LoraSpec, check_spec, init_adapter, resolve_targets, save_peft
-from ..quant.folder import refuse_quantized
+from ..models.quantized import refuse_quantized
 from .errors import TrainError
 from .init import load_pretrained
 from .lora_step import adapter_params, lora_train_step, adapter_shapes, params_adapter

@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import ShapeError, UsageError
 from ..kernels.training import Dims
 from ..models.config import LlamaConfig
-from ..models.names import layer_prefix, weight_name
+from ..models.names import has_head_norms, layer_prefix, model_weight, weight_name
 from ..runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
 from . import cpu_ops as ops
 from .kernels_bank import DynamicBank
@@ -82,7 +82,9 @@ class DeviceTrainStep:
         self.cfg, self.pipeline = config, pipeline
         self.dims = Dims.from_config(config, seq_len)
         self.n_layers = config.num_hidden_layers
-        self.qk_norm = config.model_type == "qwen3"
+        self.qk_norm = has_head_norms(config.model_type)
+        self.embed, self.final_norm, self.head = (model_weight(config.model_type, r)
+                                                  for r in ("embed", "final_norm", "head"))
         self.w = _check_weights(config, weights)
         bank = DynamicBank if pipeline == "dynamic" else StaticBank
         # lora: kernels.training.LoraLayout, the adapter blocks of the LoRA step (lora_step.py)
@@ -136,7 +138,7 @@ class DeviceTrainStep:
                 loss, dy, grads, (dlog, xf) = self._loss_head(xl, targets, float(loss_scale))
             head = self._head_name()
             self._dw(jobs, head, dlog, xf)
-            if sink is not None and head == "lm_head.weight" and head in jobs:  # tied: the embedding adds to it
+            if sink is not None and head == self.head and head in jobs:  # tied: the embedding adds to it
                 sink.offer({head: jobs[head]})
             for i in reversed(range(self.n_layers)):
                 dy = self._layer_bwd(i, dy, caches[i], grads, jobs)
@@ -202,13 +204,14 @@ class DeviceTrainStep:
         return self.n_layers * per_layer
 
     def _head_name(self) -> str:
-        return "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight"
+        """The classifier's weight: the head, or the embedding when the two are tied."""
+        return self.head if self.head in self.w else self.embed
 
     def _head(self) -> np.ndarray:
         return self.w[self._head_name()]
 
     def _logits(self, xl: np.ndarray) -> np.ndarray:
-        xf = ops.rmsnorm_fwd(xl, self.w["model.norm.weight"], self.cfg.rms_norm_eps)[0]
+        xf = ops.rmsnorm_fwd(xl, self.w[self.final_norm], self.cfg.rms_norm_eps)[0]
         return ops.classifier_fwd(self._head(), xf)
 
     def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
@@ -245,7 +248,7 @@ class DeviceTrainStep:
 
     # ------------------------------------------------------------------ forward
     def _forward(self, ids: np.ndarray, keep: bool) -> tuple[np.ndarray, list[dict]]:
-        x = ops.embed_fwd(self.w["model.embed_tokens.weight"], ids.reshape(-1))   # [D, B·S]
+        x = ops.embed_fwd(self.w[self.embed], ids.reshape(-1))   # [D, B·S]
         caches = []
         for i in range(self.n_layers):
             x, c = self._layer_fwd(i, x)
@@ -278,15 +281,15 @@ class DeviceTrainStep:
                    scale: float) -> tuple[float, np.ndarray, dict, tuple[np.ndarray, np.ndarray]]:
         """Final norm, classifier, loss: (loss, dy into the last layer, {norm grad}, (dlogits, xf)
         for the classifier's dW)."""
-        wn, head = self.w["model.norm.weight"], self._head()
+        wn, head = self.w[self.final_norm], self._head()
         xf, rf = ops.rmsnorm_fwd(xl, wn, self.cfg.rms_norm_eps)
         loss, dlog = ops.cross_entropy(ops.classifier_fwd(head, xf), targets, scale)
         dy, dwn = ops.rmsnorm_bwd(head.T @ dlog, xl, wn, rf)
-        return loss, dy, {"model.norm.weight": dwn}, (dlog, xf)
+        return loss, dy, {self.final_norm: dwn}, (dlog, xf)
 
     def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
         """Scatter dy into the embedding grad (added to the classifier's when tied)."""
-        name = "model.embed_tokens.weight"
+        name = self.embed
         if name not in grads:
             grads[name] = np.zeros_like(self.w[name])
         ops.embed_bwd(dy, ids.reshape(-1), grads[name])

@@ -22,13 +22,15 @@ import numpy as np
 from ..errors import UsageError
 from ..models.config import GPT2Config
 from ..models.layers import gelu_tanh
-from ..models.names import weight_name
+from ..models.names import model_weight, weight_name
 from . import cpu_ops as ops
 from .step import DeviceTrainStep
 
 
 class GPT2TrainStep(DeviceTrainStep):
     """Loss and every parameter gradient of a GPT-2, device + CPU (module doc)."""
+
+    wpe = model_weight("gpt2", "positions")  # learned positions, added on the CPU
 
     @staticmethod
     def _check_config(config) -> None:
@@ -48,13 +50,10 @@ class GPT2TrainStep(DeviceTrainStep):
     def _p(self, i: int, part: str, kind: str = "weight") -> np.ndarray:
         return self.w[weight_name("gpt2", i, part, kind)]
 
-    def _head_name(self) -> str:
-        return "lm_head.weight" if "lm_head.weight" in self.w else "transformer.wte.weight"
-
     def _final(self, xl: np.ndarray):
         w = self.w
-        return ops.layernorm_fwd(xl, w["transformer.ln_f.weight"], w["transformer.ln_f.bias"],
-                                 self.cfg.layer_norm_epsilon)
+        bias = self.final_norm.removesuffix("weight") + "bias"
+        return ops.layernorm_fwd(xl, w[self.final_norm], w[bias], self.cfg.layer_norm_epsilon)
 
     def _logits(self, xl: np.ndarray) -> np.ndarray:
         return ops.classifier_fwd(self._head(), self._final(xl)[0])
@@ -73,7 +72,7 @@ class GPT2TrainStep(DeviceTrainStep):
     # ------------------------------------------------------------------ forward
     def _forward(self, ids: np.ndarray, keep: bool) -> tuple[np.ndarray, list[dict]]:
         w, flat = self.w, ids.reshape(-1)
-        x = ops.embed_fwd(w["transformer.wte.weight"], flat) + ops.embed_fwd(w["transformer.wpe.weight"], self._positions)
+        x = ops.embed_fwd(w[self.embed], flat) + ops.embed_fwd(w[self.wpe], self._positions)
         caches = []
         for i in range(self.n_layers):
             x, c = self._layer_fwd(i, x)
@@ -101,11 +100,11 @@ class GPT2TrainStep(DeviceTrainStep):
         head = self._head()
         xf, saved = self._final(xl)
         loss, dlog = ops.cross_entropy(ops.classifier_fwd(head, xf), targets, scale)
-        dy, dw, db = ops.layernorm_bwd(head.T @ dlog, saved, self.w["transformer.ln_f.weight"])
-        return loss, dy, {"transformer.ln_f.weight": dw, "transformer.ln_f.bias": db}, (dlog, xf)
+        dy, dw, db = ops.layernorm_bwd(head.T @ dlog, saved, self.w[self.final_norm])
+        return loss, dy, {self.final_norm: dw, self.final_norm.removesuffix("weight") + "bias": db}, (dlog, xf)
 
     def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
-        wte, wpe = "transformer.wte.weight", "transformer.wpe.weight"
+        wte, wpe = self.embed, self.wpe
         if wte not in grads:
             grads[wte] = np.zeros_like(self.w[wte])
         ops.embed_bwd(dy, ids.reshape(-1), grads[wte])

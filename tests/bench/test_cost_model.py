@@ -60,11 +60,23 @@ def test_operands_past_the_working_set_run_at_the_slower_rate():
 
 
 def test_device_flops_metric_is_the_annotation_total():
-    from anelm.kernels.training import Dims, build_graph, graph_flops
+    from anelm.compiler.passes.cost import graph_flops
+    from anelm.kernels.training import Dims, build_graph
 
     m = Dims(64, 128, 4, 2, 16, 32)
     g = build_graph("qkv", m)
     assert KernelCost.of(compile_graph(g)).total_flops == graph_flops(g) == 2 * 32 * 64 * (64 + 2 * 32)
+
+
+def test_training_kernel_flops_read_from_the_annotation_equal_the_graph_count():
+    """The trainer reads device_flops from each compiled kernel's cost annotation: for every
+    training kernel it is the count of the graph as built, so the metric is what it was."""
+    from anelm.compiler.passes.cost import graph_flops, kernel_flops
+    from anelm.kernels.training import KINDS, Dims, build_graph
+
+    m = Dims(64, 128, 4, 2, 16, 32)
+    for kind in KINDS:
+        assert kernel_flops(compile_graph(build_graph(kind, m))) == graph_flops(build_graph(kind, m)) > 0, kind
 
 
 def test_vector_work_is_counted_by_class_and_charged_at_its_rate():

@@ -7,6 +7,7 @@ from anelm.compiler.registry import run_pass
 from anelm.chip.profile import STRICT
 from anelm.errors import CompileError
 from anelm.ir.builder import GraphBuilder
+from helpers import rms_norm_graph
 
 
 def graph_with(build, shape=(1, 8, 1, 16), dtype="fp16"):
@@ -24,7 +25,7 @@ def rejected(g, profile=STRICT):
 
 
 def test_clean_graph_passes_unchanged():
-    g = graph_with(lambda b, x: b.rms_norm(b.linear(x, np.ones((8, 8)), name="p"), np.ones(8)))
+    g = graph_with(lambda b, x: rms_norm_graph(b, b.linear(x, np.ones((8, 8)), name="p"), np.ones(8)))
     ops = g.op_list()
     assert not run_pass("ane_validate", g)
     assert g.op_list() == ops

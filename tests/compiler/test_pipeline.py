@@ -17,7 +17,7 @@ from anelm.mil.blob import decode_blob
 from anelm.mil.parser import parse
 from anelm.mil.text import print_program
 from graph_ref_interp import evaluate
-from helpers import rel_err
+from helpers import rel_err, rms_norm_graph
 
 RNG = np.random.default_rng(8)
 NOBUDGET = STRICT.replace(compile_budget=10**9)
@@ -27,7 +27,7 @@ def block():
     """RMSNorm -> linear+bias -> gelu -> reduce_mean, fp32 surfaces cast at the boundary."""
     b = GraphBuilder("blk")
     x = b.input("x", [1, 16, 1, 32], "fp32")
-    h = b.rms_norm(b.cast(x, "fp16", name="x16"), RNG.standard_normal(16), name="rms")
+    h = rms_norm_graph(b, b.cast(x, "fp16", name="x16"), RNG.standard_normal(16), name="rms")
     h = b.conv(h, RNG.standard_normal((16, 16)) * 0.25, bias=RNG.standard_normal(16), name="proj")
     h = b.gelu(h, name="act")
     b.output("y", b.cast(h, "fp32"))

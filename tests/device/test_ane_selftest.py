@@ -15,7 +15,7 @@ import pytest
 from anelm.device import ane, selftest
 from anelm.device.emulator import Emulator
 from anelm.device.select import get_device
-from anelm.doctor import isolate
+from anelm.device import isolate
 
 from ane_fake import FakeFramework
 

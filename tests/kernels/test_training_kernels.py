@@ -19,7 +19,8 @@ from anelm.device import base
 from anelm.device.emulator import Emulator
 from anelm.chip.profile import STRICT
 from anelm.runtime.kernel import Kernel
-from anelm.kernels.training import FORWARD, WEIGHTED, Dims, build_graph, graph_flops, layouts
+from anelm.compiler.passes.cost import graph_flops
+from anelm.kernels.training import FORWARD, WEIGHTED, Dims, build_graph, layouts
 
 PROFILE = STRICT.replace(compile_budget=10**9)
 

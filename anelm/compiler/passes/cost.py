@@ -122,6 +122,12 @@ def graph_flops(graph: Graph) -> int:
     return sum(flops_by_unit(graph).values())
 
 
+def kernel_flops(artifact) -> int:
+    """Arithmetic of one evaluation of a compiled kernel, as `cost_annotate` recorded it on the
+    final graph: the trainer's `device_flops` adds these up."""
+    return sum(artifact.meta["cost"]["flops"].values())
+
+
 @register_pass("cost_annotate")
 def cost_annotate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
     """Annotate (no rewrite) meta["cost"] for the cost model; see the module doc."""

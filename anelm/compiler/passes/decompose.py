@@ -85,21 +85,9 @@ def _layer_norm(b: GraphBuilder, n: Node, p: str) -> Value:
     x = n.inputs["x"]
     axes = n.params.get("axes")
     axes = list(range(x.rank)) if axes is None else sorted(a % x.rank for a in axes)
-    inv = b.scalar(1.0 / _reduced_count(x, axes), x.dtype, f"{p}_invn")
-    mean = b.mul(b.reduce_sum(x, axes=axes, name=f"{p}_sum"), inv, name=f"{p}_mean")
-    cent = b.sub(x, mean, name=f"{p}_cent")
-    sq = b.reduce_sum(b.mul(cent, cent, name=f"{p}_sq"), axes=axes, name=f"{p}_sqsum")
-    veps = b.add(b.mul(sq, inv, name=f"{p}_var"), b.scalar(n.params.get("epsilon", 1e-5), x.dtype, f"{p}_eps"),
-                 name=f"{p}_veps")
-    rstd = b.pow(veps, b.scalar(-0.5, x.dtype, f"{p}_nhalf"), name=f"{p}_rstd")
     gamma = _affine_param(b, n.inputs.get("gamma"), x, axes, f"{p}_g")
     beta = _affine_param(b, n.inputs.get("beta"), x, axes, f"{p}_b")
-    out = b.mul(cent, rstd, name=p if gamma is None and beta is None else f"{p}_norm")
-    if gamma is not None:
-        out = b.mul(out, gamma, name=p if beta is None else f"{p}_scaled")
-    if beta is not None:
-        out = b.add(out, beta, name=p)
-    return out
+    return b.layer_norm_decomposed(x, gamma, beta, n.params.get("epsilon", 1e-5), axes=axes, name=p)
 
 
 def _additive_mask(b: GraphBuilder, n: Node, mask: Value, dtype: str, p: str) -> Value:

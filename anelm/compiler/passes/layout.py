@@ -10,6 +10,7 @@ What they record for the runtime goes to `graph.meta` and from there to the Arti
 from __future__ import annotations
 
 from ...chip.profile import STRICT, ChipProfile
+from ...chip.surfaces import bind_order, surface_sizes
 from ...errors import CompileError
 from ...ir.builder import GraphBuilder
 from ...ir.graph import Graph, Node, Value, const_type
@@ -138,8 +139,8 @@ def io_naming(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
     """
     _check_returnable(graph)
     aliases = graph.meta.setdefault("aliases", {})
-    changed = _rename(graph, [(v.name, v) for v in graph.inputs], "i", profile.bind_inputs_alphabetically, aliases)
-    changed |= _rename(graph, list(graph.outputs.items()), "o", profile.bind_outputs_alphabetically, aliases)
+    changed = _rename(graph, [(v.name, v) for v in graph.inputs], "i", profile, "inputs", aliases)
+    changed |= _rename(graph, list(graph.outputs.items()), "o", profile, "outputs", aliases)
     return graph if changed else None
 
 
@@ -155,12 +156,13 @@ def _check_returnable(graph: Graph) -> None:
         seen[id(v)] = key
 
 
-def _rename(graph: Graph, items: list[tuple[str, Value]], tag: str, alphabetical: bool, aliases: dict) -> bool:
+def _rename(graph: Graph, items: list[tuple[str, Value]], tag: str, profile: ChipProfile, side: str,
+            aliases: dict) -> bool:
     users = [u for u, _ in items]
     want = users
     used = _names_in_use(graph)
     clash = any(u in used and u != v.name for u, v in items)
-    if clash or (alphabetical and users != sorted(users)):
+    if clash or bind_order(users, profile, side) != users:
         width = len(str(len(items) - 1))
         want = [f"{tag}{i:0{width}d}_{u}" for i, u in enumerate(users)]
     changed = False
@@ -190,11 +192,8 @@ def uniform_surfaces(graph: Graph, profile: ChipProfile = STRICT) -> Graph | Non
     Every input surface gets the largest input's byte size, at least `min_surface_bytes`;
     outputs likewise, judged apart. The runtime pads and writes packed data from byte 0.
     """
-    def size(values, uniform: bool):
-        sizes = [max(v.type.nbytes, profile.min_surface_bytes) for v in values]
-        return [max(sizes, default=0)] * len(sizes) if uniform else sizes
-    record = {"inputs": size(graph.inputs, profile.uniform_input_sizes),
-              "outputs": size(graph.outputs.values(), profile.uniform_output_sizes)}
+    record = {"inputs": surface_sizes([v.type.nbytes for v in graph.inputs], profile, "inputs"),
+              "outputs": surface_sizes([v.type.nbytes for v in graph.outputs.values()], profile, "outputs")}
     graph.meta["surface_bytes"] = record
     return None  # an annotation: the program itself is unchanged
 

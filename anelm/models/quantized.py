@@ -1,4 +1,5 @@
-"""The quantized folder `anelm quantize` writes (CONTRACTS §10), and reading it back.
+"""INT8 weights as stored (CONTRACTS §10): the row quantization, the HF names of each model
+type's int8 linears, and the quantized folder `anelm quantize` writes, read back here.
 
     DIR/config.json                the source config + "quantization_config": {"quant_method":
                                    "anelm", "scheme": "w8"|"w8a8", "bits": 8, ...}
@@ -15,23 +16,103 @@
     DIR/quantization_report.json   what `quantize` measured
 
 Readers get float32 weights (the int8 dequantized, the outlier columns put back) in a
-`QuantizedWeights` dict, which also carries the int8 decisions for the device kernels.
+`QuantizedWeights` dict, which also carries the int8 decisions (`QuantPlan`) the device
+kernels are built from (`anelm/kernels/int8.py`); `anelm/quant/` is the tool that makes them.
+
+Rows: a weight row w is stored as q = round(w / s) with s = max|w| / 127, q in [-127, 127]:
+symmetric, zero point 0, so a row's largest weight is exactly ±127 and the row scale is
+recovered from the dequantized row as max|q·s| / 127. That is what lets the kernels be built
+from the dequantized weights: the folds `layer_params` applies to a projection with unit norm
+gains (the attention scale, the residual stream scale) multiply whole rows by one factor each,
+so requantizing a folded row gives back the same q with the factor in its scale, bit for bit
+(tests/quant). One rounding rule, half to even (np.round), as the MIL reference quantizes;
+`maderix` rounds half away from zero, which differs only at exact ties and is immaterial for
+weights.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..models.errors import InputError
-from .core import InputQuant, dequantize_rows, kernel_layer
-from .fold import KERNEL_LINEARS, layer_prefix, linear_names, unfolded_params
+from .errors import InputError
+from .names import FAMILY, layer_prefix
 
 METHOD = "anelm"
 SCHEMES = ("w8", "w8a8")
+QMAX = 127  # symmetric: -128 is never used, so negating a row never overflows
+
+# per model type: kernel linear (kernels/layers.layer_params) -> the HF linears it is made of
+KERNEL_LINEARS = {
+    "llama": {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
+              "gate": ("mlp.gate_proj",), "up": ("mlp.up_proj",), "down": ("mlp.down_proj",)},
+    "gpt2": {"qkv": ("attn.c_attn",), "o": ("attn.c_proj",), "fc": ("mlp.c_fc",), "proj": ("mlp.c_proj",)},
+}
+# ... and each norm (HF name inside a layer) with the kernel linears that read its output
+NORM_READERS = {"llama": {"input_layernorm": ("qkv",), "post_attention_layernorm": ("gate", "up")},
+                "gpt2": {"ln_1": ("qkv",), "ln_2": ("fc",)}}
+SUPPORTED = tuple(FAMILY)
+
+
+def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [out, in] -> (q int8 [out, in], scale float32 [out]) with w ≈ q · scale[:, None].
+    An all-zero row gets scale 1 (q = 0), so every scale is a positive number."""
+    w = np.asarray(w, np.float32)
+    peak = np.abs(w).max(axis=1)
+    scale = np.where(peak > 0, peak / np.float32(QMAX), np.float32(1.0)).astype(np.float32)
+    q = np.clip(np.round(w / scale[:, None]), -QMAX, QMAX).astype(np.int8)
+    return q, scale
+
+
+def dequantize_rows(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return q.astype(np.float32) * np.asarray(scale, np.float32)[:, None]
+
+
+def power_of_two_above(x: float) -> float:
+    """The smallest power of two >= x (>= 1): an exact factor to move between two operands."""
+    return 1.0 if x <= 1.0 else float(2.0 ** math.ceil(math.log2(x)))
+
+
+@dataclass(frozen=True)
+class InputQuant:
+    """What calibration decided for one linear input (shared by the projections that read it)."""
+
+    shift: float = 1.0  # W8
+    act_scale: float | None = None  # W8A8
+    keep: np.ndarray | None = None  # W8A8 outlier channels
+
+
+def family(model_type: str) -> str:
+    if model_type not in FAMILY:
+        raise InputError(f"quantize supports {', '.join(SUPPORTED)} models; got model_type {model_type!r}")
+    return FAMILY[model_type]
+
+
+def check_supported(config) -> None:
+    family(config.model_type)
+
+
+def linear_names(config) -> list[str]:
+    """Every int8 linear of the model, by HF name, layer by layer."""
+    lin = KERNEL_LINEARS[family(config.model_type)]
+    return [layer_prefix(config.model_type, i) + n for i in range(config.num_hidden_layers)
+            for parts in lin.values() for n in parts]
+
+
+def norm_shifts(config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """{HF linear: the norm shift s its CPU input carries and its int8 input does not} (GPT-2)."""
+    fam, out = family(config.model_type), {}
+    for i in range(config.num_hidden_layers):
+        pre = layer_prefix(config.model_type, i)
+        for norm, readers in NORM_READERS[fam].items():
+            s = weights.get(pre + norm + ".bias")
+            if s is not None:
+                out.update({pre + n: np.asarray(s, np.float32) for r in readers for n in KERNEL_LINEARS[fam][r]})
+    return out
 
 
 def quant_config(path: Path) -> dict | None:
@@ -63,19 +144,6 @@ class QuantizedWeights(dict):
 class QuantPlan:
     scheme: str
     inputs: dict[str, InputQuant]  # HF linear name -> its input's decisions
-
-    def kernel_layer(self, i: int, shape, layer: dict[str, np.ndarray]) -> dict:
-        """Layer i's kernel params (`layer_params` form, HF names inside the layer in `layer`)
-        with its linears as QLinear (quant.core) and the norm gains on their inputs."""
-        fam = "gpt2" if shape.gpt2 else "llama"
-        pre = layer_prefix(fam, i)
-        per = {}
-        for k, parts in KERNEL_LINEARS[fam].items():
-            first = self.inputs[pre + parts[0]]  # one input: one scale and one set of outliers
-            shift = max(self.inputs[pre + n].shift for n in parts)  # one conv: one shift
-            per[k] = InputQuant(shift, first.act_scale, first.keep)
-        p, gains = unfolded_params(shape, layer)
-        return kernel_layer(p, per, gains)
 
 
 def pack(config, weights: dict[str, np.ndarray], qs: dict, plan: QuantPlan) -> dict[str, np.ndarray]:
@@ -117,7 +185,7 @@ def unpack(raw: dict[str, np.ndarray], config, scheme: str, source: str) -> tupl
                                   None if act is None else float(act), keep)
     if scheme == "w8a8" and any(iq.act_scale is None for iq in inputs.values()):
         raise InputError(f"{source}: scheme w8a8 but some linears have no input_scale")
-    from ..models.loading import architecture  # noqa: PLC0415 - loading reads folders through here
+    from .loading import architecture  # noqa: PLC0415 - loading reads folders through here
 
     # the folder holds every linear [out, in], ours; the reader sanitizes from the checkpoint's
     # orientation (GPT-2's Conv1D [in, out]), as for any HF folder

@@ -1,0 +1,148 @@
+"""INT8 in the device kernels: `QLinear`, a kernel's int8 linear, written as MIL in the form the
+references run on the chip, and the int8 layer a `QuantPlan` (models/quantized.py) gives.
+
+    W = constexpr_affine_dequantize(quantized_data = int8 BLOBFILE [out, in, 1, 1],
+                                    scale = fp16 [out], zero_point = int8(0), axis = 0)
+    x' = x · gain / shift                               (the norm gain, `unfolded_params`; W8 shift)
+    W8:    y = conv(x', W)
+    W8A8:  y = conv(dequantize(quantize(x', s), s), W)  (+ conv(conv(x', select), W_keep))
+
+Why constexpr_affine_dequantize: it is the form maderix's W8A8 benchmark compiles and runs on
+M4 (maderix-ane-facts §10.3, 1.88x over fp16) and that our doctor probe `op.constexpr_affine_
+dequantize` checks; the weights stay int8 in the BLOBFILE (dtype code 4) and the compiler
+folds the scale in when the program is compiled. The activations' quantize/dequantize pair
+around the conv is the same benchmark's pattern; the cost model counts a conv fed by a
+dequantize with constexpr weights as int8 work (compiler/passes/cost.py).
+
+The outlier channels of a W8A8 input (`QLinear.keep`) are gathered by a 1x1 conv whose
+weights select them (one 1.0 per row: each sum is one input value, exact) and multiplied by
+their fp16 weight columns; k is a few channels, so the side product costs k/in of the main one.
+
+Norm affines and int8 (`unfolded_params`): `kernels/layers.layer_params` folds each norm's gain into the linears that read it,
+W·(g ⊙ n) = (W·diag g)·n. That multiplies weight *columns*, so an int8 matrix would stop being
+int8 times a row scale, and quantizing the folded matrix instead costs accuracy: on SmolLM2-135M
+(256 held-out tokens of prose, CPU reference) int8 rows of the folded matrices raise perplexity
+1.6 %, int8 rows of the HF matrices 0.7 %, since the gains (0.0003 to 0.6) spread each row's
+columns over a wider range. So an int8 layer is built with unit gains, and each gain is applied
+to the linear's input in the kernel (`QLinear.in_gain`, one mul that also carries the W8 shift).
+The folds that scale whole rows (attention scale, residual stream scale) stay: requantizing a
+row scaled by a power of two gives back the same int8 row (models/quantized.py).
+
+LayerNorm's shift (GPT-2) stays folded: W·(g ⊙ n + s) + b = W·(g ⊙ n) + (W·s + b) moves it into
+the bias, which is fp16 anyway. So the tensor an int8 linear of GPT-2 quantizes is g ⊙ n, the
+CPU model's input to it minus s: calibration measures that (`norm_shifts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.builder import GraphBuilder
+from ..ir.graph import Value
+from ..models.quantized import KERNEL_LINEARS, NORM_READERS, InputQuant, QuantPlan, quantize_rows
+from ..models.names import layer_prefix
+
+
+@dataclass(frozen=True)
+class QLinear:
+    """One kernel linear in int8, `[out, in]`, as `quant_linear` emits it.
+
+    W8 (act_scale None): the conv sums q·x in the fp16 accumulator before the row scale
+    (peer-facts §4.9), so x is first divided by `shift`, a power of two that keeps that sum
+    under the 32768 limit (strict §2.9), and the row scale carries it back: exact both ways.
+    W8A8: x is quantized to int8 at the static per-tensor `act_scale`; the input channels in
+    `keep` (activation outliers that one int8 scale cannot hold with the rest) are left out of
+    int8: their weight columns are zero in q, and `keep_w` [out, len(keep)] multiplies them in
+    fp16 beside the int8 product.
+    """
+
+    q: np.ndarray  # int8 [out, in]
+    scale: np.ndarray  # float32 [out]
+    shift: float = 1.0
+    act_scale: float | None = None
+    keep: np.ndarray | None = None  # int [k] input channels in fp16
+    keep_w: np.ndarray | None = None  # float32 [out, k]
+    in_gain: np.ndarray | None = None  # float32 [in]: the norm gain on the input (`unfolded_params`)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape
+
+
+def qlinear(w: np.ndarray, iq: InputQuant, gain: np.ndarray | None = None) -> QLinear:
+    """The int8 form of a float [out, in] linear for the input decided by `iq`."""
+    keep_w = None
+    if iq.keep is not None and len(iq.keep):
+        keep_w = np.ascontiguousarray(w[:, iq.keep], np.float32)
+        w = w.copy()
+        w[:, iq.keep] = 0.0  # those channels go through the fp16 side product
+    q, scale = quantize_rows(w)
+    keep = None if keep_w is None else np.asarray(iq.keep, np.int64)
+    return QLinear(q, scale, iq.shift, iq.act_scale, keep, keep_w, gain)
+
+
+def kernel_layer(p: dict, inputs: dict[str, InputQuant], gains: dict[str, np.ndarray]) -> dict:
+    """`layer_params` output {name: (W, b)} (built with unit norm gains) -> the same with QLinear
+    for every name in `inputs` (the kernel's linears: qkv, o, gate, up, down), each carrying
+    the gain its input needs; Qwen3's q/k norms and the rest pass through."""
+    return {k: (qlinear(w, inputs[k], gains.get(k)), b) if k in inputs else (w, b) for k, (w, b) in p.items()}
+
+
+def unfolded_params(shape, layer: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    """(`layer_params` with unit norm gains, {kernel linear: the gain its input needs})."""
+    from .layers import layer_params  # noqa: PLC0415 - layers imports this module
+
+    unit = dict(layer)
+    gains = {}
+    for norm, readers in NORM_READERS["gpt2" if shape.gpt2 else "llama"].items():
+        g = layer[norm + ".weight"]
+        unit[norm + ".weight"] = np.ones_like(g)
+        gains.update({r: np.asarray(g, np.float32) for r in readers})
+    return layer_params(shape, unit), gains
+
+
+def plan_layer(plan: QuantPlan, i: int, shape, layer: dict[str, np.ndarray]) -> dict:
+    """Layer i's kernel params (`layer_params` form, HF names inside the layer in `layer`)
+    with its linears as QLinear and the norm gains on their inputs."""
+    fam = "gpt2" if shape.gpt2 else "llama"
+    pre = layer_prefix(fam, i)
+    per = {}
+    for key, parts in KERNEL_LINEARS[fam].items():
+        first = plan.inputs[pre + parts[0]]  # one input: one scale and one set of outliers
+        shift = max(plan.inputs[pre + n].shift for n in parts)  # one conv: one shift
+        per[key] = InputQuant(shift, first.act_scale, first.keep)
+    p, gains = unfolded_params(shape, layer)
+    return kernel_layer(p, per, gains)
+
+
+def int8_weight(b: GraphBuilder, ql: QLinear, name: str) -> Value:
+    q = ql.q.reshape(*ql.q.shape, 1, 1)  # [out, in] -> [out, in, 1, 1], the 1x1 conv weight
+    return b.constexpr_affine_dequantize(q, (ql.scale * np.float32(ql.shift)).astype(np.float16),
+                                         0, axis=0, name=f"{name}_w8")
+
+
+def quant_linear(b: GraphBuilder, x: Value, ql: QLinear, bias=None, name: str = "linear") -> Value:
+    """y = W x (+ bias) for x `[1, in, 1, S]` with W held as int8 (module doc)."""
+    n = b.graph.peek_name(name)
+    w = int8_weight(b, ql, n)
+    if ql.in_gain is not None:  # the norm gain, with the W8 shift in the same multiply
+        x = b.mul(x, b.weight(f"{n}_gain", (ql.in_gain / np.float32(ql.shift)).reshape(1, -1, 1, 1), x.dtype),
+                  name=f"{n}_in")
+    elif ql.shift != 1.0:
+        x = b.mul(x, 1.0 / ql.shift, name=f"{n}_shift")
+    xs = x
+    if ql.act_scale is not None:
+        s = np.float16(ql.act_scale)
+        xs = b.dequantize(b.quantize(x, s, name=f"{n}_xq"), s, name=f"{n}_xdq")
+    y = b.conv(xs, w, name=n if ql.keep_w is None and bias is None else f"{n}_conv")
+    if ql.keep_w is not None:
+        sel = np.zeros((len(ql.keep), ql.q.shape[1], 1, 1), np.float32)
+        sel[np.arange(len(ql.keep)), ql.keep] = 1.0  # [k, in, 1, 1]: row r picks channel keep[r]
+        picked = b.conv(x, sel, name=f"{n}_pick")  # [1, k, 1, S]
+        side = b.conv(picked, ql.keep_w, name=f"{n}_keep")  # [1, out, 1, S] in fp16
+        y = b.add(y, side, name=n if bias is None else f"{n}_sum")
+    if bias is not None:
+        y = b.add(y, b.weight(f"{n}_bias", np.asarray(bias).reshape(1, -1, 1, 1), x.dtype), name=n)
+    return y
