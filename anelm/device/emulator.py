@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..chip.profile import STRICT, ChipProfile
+from ..chip.rejects import reject, rule_on
 from ..errors import BlobError, DeviceError
 from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
@@ -163,9 +164,9 @@ class Emulator(Device):
 
     def _check_request(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface]) -> None:
         p = self.profile
-        if p.single_input_only and len(inputs) > 1:
-            raise DeviceError(f"request has {len(inputs)} input surfaces; this profile accepts one "
-                              "(pack inputs along the spatial axis)", code=BAD_REQUEST)
+        if rule_on("single_input_only", p) and len(inputs) > 1:
+            err = reject("single_input_only", "request", p, count=len(inputs))
+            raise DeviceError(f"request has {err.constraint}; fix: {err.fix}", code=BAD_REQUEST)
         for what, surfaces, specs, uniform in (("input", inputs, model.inputs, p.uniform_input_sizes),
                                                ("output", outputs, model.outputs, p.uniform_output_sizes)):
             if len(surfaces) != len(specs):

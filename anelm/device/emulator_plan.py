@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..chip.profile import ChipProfile
+from ..chip.rejects import reject
 from ..errors import BlobError, CompileError, ShapeError
 from ..ir.ops import OP_TABLE, full_params, raw_compute
 from ..ir.ops_common import dims
@@ -207,8 +208,7 @@ class _Builder:
             self.const(st) if st.op == "const" else self.statement(st)
         for name in self.func.outputs:
             if name not in p.types:
-                raise CompileError(name, "returned name is defined by no statement",
-                                   "return a variable that a statement binds")
+                raise reject("returned_name", name, self.profile)
         drop_bypassed(p, self.int8)
         # keep only the consts a step or the return reads: folded-away operands free their memory
         used = set(p.outputs)
@@ -286,7 +286,7 @@ class _Builder:
         node = node_name(st)
         op = OP_TABLE.get(st.op)
         if op is None:
-            raise CompileError(node, f"op '{st.op}' is not in the emulator's op table")
+            raise reject("op_table", node, self.profile, op=st.op)
         tensors, params = [], {}
         for arg_name, arg in st.operands().items():
             if arg_name in op.inputs:
