@@ -9,7 +9,9 @@ What it reproduces (CONTRACTS §2): compile-time rejects (`emulator_checks`), a 
 named by the content hash with `model.mil` and the blobs (as the private API needs), weights
 read at compile, positional surface binding in alphabetical order, uniform and minimum surface
 sizes, packed reads and writes at offset 0, fp16 rounding of every op result, and the peer
-switches of the profile. The execution plan (`emulator_plan`) is built once per compile.
+switches of the profile. The execution plan (`emulator_plan`) is built once per compile; a
+column-separable program (`emulator_columns`: strict's decode kernels, 16 columns with the
+token in column 0) is evaluated only in the columns the caller reads.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..errors import BlobError, DeviceError
 from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
+from .emulator_columns import ColumnPlan, column_plan
 from .emulator_plan import Plan, Resolver, build_plan
 from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
@@ -62,6 +65,7 @@ class EmulatedModel:
     loaded: bool = False
     inputs: list[tuple[str, TensorType]] = field(default_factory=list)  # in binding order
     outputs: list[tuple[str, TensorType]] = field(default_factory=list)
+    columns: ColumnPlan | None = None  # how a column-separable program runs column by column
 
     def const_owners(self) -> set[int]:
         """ids of the arrays that own the plan's consts' memory."""
@@ -97,11 +101,13 @@ class Emulator(Device):
         ins = bind_order([n for _, n in func.inputs], self.profile.bind_inputs_alphabetically)
         outs = bind_order(list(func.outputs), self.profile.bind_outputs_alphabetically)
         return EmulatedModel(key, folder, func, plan, sorted(weights),
-                             inputs=[(n, types[n]) for n in ins], outputs=[(n, types[n]) for n in outs])
+                             inputs=[(n, types[n]) for n in ins], outputs=[(n, types[n]) for n in outs],
+                             columns=column_plan(plan))
 
     def load(self, model: EmulatedModel) -> None:
         if self.profile.reload_reads_new_weights and model.weight_paths:
             model.plan = build_plan(model.func, _folder_resolver(model.folder), self.profile)
+            model.columns = column_plan(model.plan)
         model.loaded = True
 
     def unload(self, model: EmulatedModel) -> None:
@@ -134,7 +140,7 @@ class Emulator(Device):
 
     # --- requests ---------------------------------------------------------------------------
     def evaluate(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface],
-                 watch: bool = False) -> Overflow | None:
+                 watch: bool = False, read_columns: int | None = None) -> Overflow | None:
         if not model.loaded:
             raise DeviceError("evaluate on a model that is not loaded; call load() first", code=BAD_REQUEST)
         self._check_request(model, inputs, outputs)
@@ -146,7 +152,10 @@ class Emulator(Device):
             else:
                 arrays[name] = read_packed(s, t)
         found: list[Overflow] = []
-        results = model.plan.run(arrays, exact, overflow=found if watch else None)
+        if model.columns is not None:  # column-separable: only the columns the caller reads
+            results = model.columns.run(arrays, exact, read_columns, model.plan, overflow=found if watch else None)
+        else:
+            results = model.plan.run(arrays, exact, overflow=found if watch else None)
         rounded = self.profile.compute_dtype == "fp16"  # every result is an fp16 value already
         # A result whose memory is this evaluation's own (not an input's, a const's or another
         # output's) becomes its output surface's content as it is, without a copy.

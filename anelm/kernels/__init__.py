@@ -6,6 +6,10 @@
 - `prefill.py`, `decode.py`: the generation kernels; `blocks.py` whole layers for `anelm compile`.
 - `training.py`, `training_attn.py`: the ten forward and dx kernels of a training step.
 
+I/O widths follow the profile's `spatial_multiple_of` (16 in `strict`): decode runs its token
+in column 0 of 16, prefill buckets are multiples of 16, and training pads each sequence (and
+each packed input) to the multiple with zero columns the results do not depend on.
+
 The host side (running them, caches, sampling; data, loop, optimizer) is in `generate/` and
 `train/`. HF weight names come from `anelm.models.names`.
 """

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..chip.profile import padded_width
 from ..compiler.passes.cost import graph_flops  # noqa: F401  (re-exported: the kernels' flop count)
 from ..errors import ShapeError
 from ..ir.builder import GraphBuilder
@@ -61,6 +62,9 @@ class Dims:
     hkv: int    # key/value heads
     hd: int     # head dim
     s: int      # tokens per sequence
+    # every packed input's width rounds up to this (the profile's spatial_multiple_of, §2.10):
+    # the extra columns come after every block, and no kernel reads them
+    width_multiple: int = 1
 
     @property
     def q(self) -> int:
@@ -84,8 +88,8 @@ class Packed:
     acts: tuple[str, ...]
     weights: tuple[tuple[str, int], ...] = ()   # (role, columns OC) in column order
 
-    def width(self, s: int, dynamic: bool) -> int:
-        return len(self.acts) * s + (sum(w for _, w in self.weights) if dynamic else 0)
+    def width(self, s: int, dynamic: bool, multiple: int = 1) -> int:
+        return padded_width(len(self.acts) * s + (sum(w for _, w in self.weights) if dynamic else 0), multiple)
 
     def columns(self, s: int) -> dict[str, slice]:
         """Where each activation and weight block lives along the spatial axis."""
@@ -132,7 +136,7 @@ class KernelContext:
         self.b = GraphBuilder(kind)
         self.where: dict[str, tuple[Value, Packed, slice]] = {}
         for name, pk in layouts(m)[kind].items():
-            v = self.b.input(name, [1, pk.channels, 1, pk.width(m.s, mats is None)])
+            v = self.b.input(name, [1, pk.channels, 1, pk.width(m.s, mats is None, m.width_multiple)])
             for key, cols in pk.columns(m.s).items():
                 self.where[key] = (v, pk, cols)
         self._acts: dict[str, Value] = {}

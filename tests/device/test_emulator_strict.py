@@ -307,6 +307,13 @@ def test_switch_spatial_multiple_of():
     compile_(relu_prog(), profile=STRICT_NB.replace(spatial_multiple_of=16))
 
 
+def test_strict_io_widths_are_multiples_of_16():
+    odd = mil([("x", "fp16", (1, 8, 1, 1))], [f'{ttype("fp16", (1, 8, 1, 1))} y = relu(x = x)[name = string("y")];'], ["y"])
+    with pytest.raises(CompileError, match=r"node 'x': I/O tensor's last dim 1 is not a multiple of 16"):
+        compile_(odd, profile=STRICT)  # §2.10: Orion's S = 1 fails at evaluation on the chip
+    compile_(relu_prog(), profile=STRICT)
+
+
 def test_switch_saturate_above():
     x = np.array([4000, 4100, -5000, 1], np.float16).reshape(1, 4, 1, 1)
     text = mil([("x", "fp16", x.shape)], [f'{ttype("fp16", x.shape)} y = relu(x = x)[name = string("y")];'], ["y"])
