@@ -30,8 +30,9 @@ from ..chip.profile import STRICT
 from ..ir.builder import GraphBuilder
 
 # maderix's programs run on the in-memory path, where concat compiles (maderix-ane-facts §2.3;
-# peer-facts §4.1); the strict profile rejects it, so these compile under a profile that allows it
-IN_MEMORY = replace(STRICT, name="in-memory", rejected_ops=())
+# peer-facts §4.1); the strict profile rejects it, so these compile under a profile that allows it,
+# and with the widths those measured programs ran at (ANEForge's row reductions return 1 column)
+IN_MEMORY = replace(STRICT, name="in-memory", rejected_ops=(), spatial_multiple_of=1)
 FORWARD = ("sdpaFwd", "woFwd", "ffnFused")
 BACKWARD = ("ffnBwdW2t", "ffnBwdW13t", "wotBwd", "sdpaBwd1", "sdpaBwd2", "qBwd", "kvBwd")
 KERNELS = FORWARD + BACKWARD

@@ -165,14 +165,17 @@ def _rows(dims, kind: str, role: str) -> int:
 # --------------------------------------------------------------------------- generation
 
 def decode_program(config, tier: int) -> KernelCost:
-    """One layer's decode program over a cache tier (anelm/kernels/decode.py)."""
+    """One layer's decode program over a cache tier (anelm/kernels/decode.py), the token padded
+    to strict's 16 columns as the chip runs it (§2.10)."""
+    from ..chip.profile import STRICT
     from ..models.names import random_layer
     from ..kernels.decode import decode_layer
     from ..kernels.layers import layer_params, layer_shape
 
     def build():
         s = layer_shape(config)
-        return decode_layer(s, layer_params(s, random_layer(config)), tier, config.model_type != "gpt2")
+        return decode_layer(s, layer_params(s, random_layer(config)), tier, config.model_type != "gpt2",
+                            columns=STRICT.spatial_multiple_of)
     return compiled(("decode", _config_key(config), tier), build)[0]
 
 

@@ -1,4 +1,5 @@
 """What a chip does, as data: its profile (`profile.py`, JSON switches and limits), how a
 request's surfaces bind and how big they are (`surfaces.py`), and the compile-time rules those
-switches turn on. The compiler avoids them, the emulator enforces
-them, the doctor measures them; all three read them from here."""
+switches turn on (`rejects.py`: one table, one message per rule). The compiler avoids them, the
+emulator enforces them, the doctor measures them; all three read them from here. `strict` puts
+I/O widths in multiples of 16 (`spatial_multiple_of`)."""

@@ -26,7 +26,7 @@ SRAM_BYTES = int(json.loads((Path(__file__).resolve().parents[1] / "data" / "ane
 @dataclass(frozen=True)
 class ChipProfile:
     name: str = "strict"
-    # --- compile-time rejects (strict §2.1) ---
+    # --- compile-time rejects (strict §2.1; their messages: chip/rejects.py) ---
     rejected_ops: tuple[str, ...] = ("concat", "gelu")
     reject_conv_bias: bool = True
     reject_dynamic_conv_weight: bool = True  # conv weight must be const or constexpr_* result
@@ -49,12 +49,15 @@ class ChipProfile:
     # quantize's ties: MIL's reference rounds half to even; the M6 study saw fp16 outputs round
     # half away from zero. Unmeasured for quantize itself; see device/emulator_int8.py
     quantize_rounding: str = "half_even"
+    # --- I/O widths (strict §2.10): the last dim of every input and output surface. Orion saw
+    # S = 1 compile, then fail at evaluation; rustane, silent corruption at other widths. The
+    # compiler's kernels pad to it; the doctor's io.spatial probes may relax it per chip ---
+    spatial_multiple_of: int = 16
     # --- peer-reported switches, off in strict ---
     single_input_only: bool = False  # maderix: multi-input requests give 0x1d
     reject_reduce_mean: bool = False  # Espresso authors: no reduce_mean in raw MIL
     reject_rsqrt: bool = False  # rustane: rsqrt/sqrt fail after a reduce
     single_chunk_blobs_only: bool = False  # M1: multi-chunk blob files fail
-    spatial_multiple_of: int = 1  # rustane: last dim must be a multiple of 16
     saturate_above: float | None = None  # A13/A14 Q.4x16 activations saturate at |x| > 4094
     notes: dict = field(default_factory=dict)
 
@@ -143,6 +146,11 @@ def _shown(value) -> str:
 
 
 STRICT = ChipProfile()
+
+
+def padded_width(n: int, multiple: int) -> int:
+    """The smallest I/O width >= n that is a multiple of `multiple` (spatial_multiple_of, §2.10)."""
+    return -(-int(n) // multiple) * multiple
 
 
 def load_profile(spec: str | os.PathLike | None = None) -> ChipProfile:

@@ -68,15 +68,16 @@ def layer_config(args):
                 rope_theta=10000.0, max_position_embeddings=max(args.seq, 2048))
 
 
-def graphs(args, cfg):
-    """(folder name, graph) for each kernel to write."""
+def graphs(args, cfg, multiple: int = 1):
+    """(folder name, graph) for each kernel to write; packed training inputs are padded to
+    `multiple` columns (the profile's spatial_multiple_of)."""
     if args.kind == "train":
         if args.arch == "gpt2":
             raise AnelmError("--kind train supports the Llama family (llama, qwen3), not gpt2")
         from ..kernels.training import KINDS, Dims, build_graph
 
         dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                    cfg.num_key_value_heads, cfg.head_dim, args.seq)
+                    cfg.num_key_value_heads, cfg.head_dim, args.seq, width_multiple=multiple)
         return [(kind, build_graph(kind, dims)) for kind in KINDS]
     from ..kernels.blocks import decoder_layer
     from ..models.names import random_layer
@@ -93,7 +94,7 @@ def run(args) -> int:
     cfg = layer_config(args)
     out = Path(args.out)
     check_replaceable(out)
-    kernels = graphs(args, cfg)
+    kernels = graphs(args, cfg, profile.spatial_multiple_of)
     with atomic_dir(out) as build:
         for name, graph in kernels:
             t0 = time.perf_counter()

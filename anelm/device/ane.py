@@ -233,7 +233,8 @@ class AneDevice(Device):
         populate_folder(m.folder, m.mil, m.weights)
         self._fw.load(m.ptr)
 
-    def evaluate(self, model: AneModel, inputs: list[Surface], outputs: list[Surface], watch: bool = False):
+    def evaluate(self, model: AneModel, inputs: list[Surface], outputs: list[Surface], watch: bool = False,
+                 read_columns: int | None = None):  # the chip computes every column: nothing to skip
         m = self._own(model)
         if not m.loaded:
             raise DeviceError("evaluate: the model is not loaded; call device.load(model) first")

@@ -133,11 +133,16 @@ class Device(ABC):
     def load(self, model) -> None: ...
 
     @abstractmethod
-    def evaluate(self, model, inputs: list[Surface], outputs: list[Surface], watch: bool = False):
+    def evaluate(self, model, inputs: list[Surface], outputs: list[Surface], watch: bool = False,
+                 read_columns: int | None = None):
         """Run once. Surfaces bind by position in the profile's binding order.
 
         With `watch`, returns an `overflow.Overflow` naming where a result first came out inf
         or NaN from finite inputs (CONTRACTS §8), or None; without, always None (no cost).
+        `read_columns` = n promises that the caller reads only the first n spatial columns of
+        every output (a decode token padded to 16 columns reads 1): a device may leave the
+        others unwritten. The ANE computes every column anyway; the emulator skips the rest
+        when the program is column-separable (`emulator_columns`).
         """
 
     @abstractmethod

@@ -9,9 +9,11 @@ What it reproduces (CONTRACTS §2): compile-time rejects (`emulator_checks`), a 
 named by the content key with `model.mil` and the blobs (as the private API needs), weights
 read at compile, positional surface binding in alphabetical order, uniform and minimum surface
 sizes, packed reads and writes at offset 0, fp16 rounding of every op result, and the peer
-switches of the profile. The execution plan (`emulator_plan`) is
-built once per cold compile; the on-disk kernel cache (`emulator_cache`) keeps it, as aned
-keeps compiled programs, and a program found there is loaded, not compiled.
+switches of the profile. The execution plan (`emulator_plan`) is built once per cold compile;
+the on-disk kernel cache (`emulator_cache`) keeps it, as aned keeps compiled programs, and a
+program found there is loaded, not compiled. A column-separable program (`emulator_columns`:
+strict's decode kernels, 16 columns with the token in column 0) is evaluated only in the
+columns the caller reads.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import numpy as np
 from ..chip.profile import STRICT, ChipProfile
 from ..chip.surfaces import bind_order, least_surface_bytes, uniform
 from ..compiler.artifact import content_key
+from ..chip.rejects import reject, rule_on
 from ..errors import BlobError, DeviceError
 from ..mil.folder import relative_path, weight_file, write_model_folder
 from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
 from .emulator_cache import dump_plan, kernel_store, load_plan
+from .emulator_columns import ColumnPlan, column_plan
 from .emulator_plan import Plan, Resolver, build_plan
 from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
@@ -52,6 +56,7 @@ class EmulatedModel:
     loaded: bool = False
     inputs: list[tuple[str, TensorType]] = field(default_factory=list)  # in binding order
     outputs: list[tuple[str, TensorType]] = field(default_factory=list)
+    columns: ColumnPlan | None = None  # how a column-separable program runs column by column
 
     def const_owners(self) -> set[int]:
         """ids of the arrays that own the plan's consts' memory."""
@@ -95,11 +100,12 @@ class Emulator(Device):
         ins = bind_order([n for _, n in plan.inputs], self.profile, "inputs")
         outs = bind_order(list(plan.outputs), self.profile, "outputs")
         return EmulatedModel(key, folder, func, plan, sorted(weights), inputs=[(n, plan.types[n]) for n in ins],
-                             outputs=[(n, plan.types[n]) for n in outs])
+                             outputs=[(n, plan.types[n]) for n in outs], columns=column_plan(plan))
 
     def load(self, model: EmulatedModel) -> None:
         if self.profile.reload_reads_new_weights and model.weight_paths:
             model.plan = build_plan(model.func, _folder_resolver(model.folder), self.profile)
+            model.columns = column_plan(model.plan)
         model.loaded = True
 
     def unload(self, model: EmulatedModel) -> None:
@@ -125,7 +131,7 @@ class Emulator(Device):
 
     # --- requests ---------------------------------------------------------------------------
     def evaluate(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface],
-                 watch: bool = False) -> Overflow | None:
+                 watch: bool = False, read_columns: int | None = None) -> Overflow | None:
         if not model.loaded:
             raise DeviceError("evaluate on a model that is not loaded; call load() first", code=BAD_REQUEST)
         self._check_request(model, inputs, outputs)
@@ -137,7 +143,10 @@ class Emulator(Device):
             else:
                 arrays[name] = read_packed(s, t)
         found: list[Overflow] = []
-        results = model.plan.run(arrays, exact, overflow=found if watch else None)
+        if model.columns is not None:  # column-separable: only the columns the caller reads
+            results = model.columns.run(arrays, exact, read_columns, model.plan, overflow=found if watch else None)
+        else:
+            results = model.plan.run(arrays, exact, overflow=found if watch else None)
         rounded = self.profile.compute_dtype == "fp16"  # every result is an fp16 value already
         # A result whose memory is this evaluation's own (not an input's, a const's or another
         # output's) becomes its output surface's content as it is, without a copy.
@@ -155,9 +164,9 @@ class Emulator(Device):
 
     def _check_request(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface]) -> None:
         p = self.profile
-        if p.single_input_only and len(inputs) > 1:
-            raise DeviceError(f"request has {len(inputs)} input surfaces; this profile accepts one "
-                              "(pack inputs along the spatial axis)", code=BAD_REQUEST)
+        if rule_on("single_input_only", p) and len(inputs) > 1:
+            err = reject("single_input_only", "request", p, count=len(inputs))
+            raise DeviceError(f"request has {err.constraint}; fix: {err.fix}", code=BAD_REQUEST)
         for what, surfaces, specs in (("input", inputs, model.inputs), ("output", outputs, model.outputs)):
             if len(surfaces) != len(specs):
                 raise DeviceError(f"request has {len(surfaces)} {what} surfaces; expected {len(specs)} "

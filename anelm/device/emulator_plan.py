@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..chip.profile import ChipProfile
+from ..chip.rejects import reject
 from ..errors import BlobError, CompileError, ShapeError
 from ..ir.ops import OP_TABLE, full_params, raw_compute
 from ..ir.ops_common import dims
@@ -185,8 +186,7 @@ class _Builder:
             self.const(st) if st.op == "const" else self.statement(st)
         for name in func.outputs:
             if name not in self.plan.types:
-                raise CompileError(name, "returned name is defined by no statement",
-                                   "return a variable that a statement binds")
+                raise reject("returned_name", name, self.profile)
         return self.finish()
 
     def replay(self, record: list[tuple]) -> Plan:
@@ -278,7 +278,7 @@ class _Builder:
         node = node_name(st)
         op = OP_TABLE.get(st.op)
         if op is None:
-            raise CompileError(node, f"op '{st.op}' is not in the emulator's op table")
+            raise reject("op_table", node, self.profile, op=st.op)
         tensors, params = [], {}
         for arg_name, arg in st.operands().items():
             if arg_name in op.inputs:

@@ -6,7 +6,10 @@ layers cannot share one), lazily, the first time a size is needed:
     prefill buckets  P: a prompt of n tokens runs padded to the smallest bucket >= n
     decode tiers     D: a token at position p reads a cache input of the smallest tier > p
 
-so a process that uses every size compiles L × (|P| + |D|) programs, and one generation
+Both are I/O widths, so each is a multiple of the profile's `spatial_multiple_of` (16 in
+`strict`, §2.10: every ladder below already is; a context that is not gets a last tier rounded
+up, its extra positions masked like any unused slot). A process that uses every size compiles
+L × (|P| + |D|) programs, and one generation
 compiles L × (prefill buckets used + decode tiers used). The budget is 115 cold compiles per
 process in `strict` (§2.7: libane stops there; the private compiler fails silently, then
 crashes, near 119), of which RESERVE are left to whatever else the process compiles:
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..chip.profile import padded_width
 from ..errors import DeviceError
 
 RESERVE = 8  # compiles left for other kernels of the same process
@@ -70,12 +74,9 @@ def thin(sizes: list[int]) -> list[int]:
 @dataclass(frozen=True)
 class SizePlan:
     prefill: tuple[int, ...]  # buckets, ascending
-    decode: tuple[int, ...]  # cache tiers, ascending; the last is the context
+    decode: tuple[int, ...]  # cache tiers, ascending; the last holds the context
     layers: int
-
-    @property
-    def context(self) -> int:
-        return self.decode[-1]
+    context: int  # positions a cache holds (the last tier may be wider: a spatial multiple)
 
     @property
     def max_compiles(self) -> int:
@@ -90,8 +91,9 @@ class SizePlan:
         return next(t for t in self.decode if t > position)
 
 
-def plan_sizes(layers: int, context: int, budget: int) -> SizePlan:
-    """Buckets and tiers for a model of `layers` layers and `context` positions within `budget`."""
+def plan_sizes(layers: int, context: int, budget: int, multiple: int = 1) -> SizePlan:
+    """Buckets and tiers for a model of `layers` layers and `context` positions within `budget`,
+    each a multiple of `multiple` (the profile's spatial_multiple_of: they are I/O widths)."""
     slots = (budget - RESERVE) // layers if budget > RESERVE else 0
     if slots < 2:
         raise DeviceError(f"a {layers}-layer model needs at least {2 * layers} compiles (a prefill and a "
@@ -105,7 +107,8 @@ def plan_sizes(layers: int, context: int, budget: int) -> SizePlan:
             decode = thin(decode)
         else:
             prefill = thin(prefill)
-    return SizePlan(tuple(prefill), tuple(decode), layers)
+    fit = lambda sizes: tuple(sorted({padded_width(n, multiple) for n in sizes}))  # noqa: E731
+    return SizePlan(fit(prefill), fit(decode), layers, context)
 
 
 class DeviceCache:

@@ -12,7 +12,8 @@ What runs where:
   * prefill (`kernels/prefill.py`): the prompt zero-padded to a bucket, x `[1, D, 1, S]` in,
     the next hidden state and the layer's K (post-RoPE) and V out as one multi-output program;
     K/V fill the cache, which keeps the `[1, C, 1, S]` layout the decode programs read.
-  * decode (`kernels/decode.py`): one token, x `[1, D, 1, 1]`, with the layer's cache, an
+  * decode (`kernels/decode.py`): one token, x `[1, D, 1, W]` (column 0; W = 16 in `strict`,
+    whose I/O widths are multiples of 16, the rest zeros), with the layer's cache, an
     additive mask over the unused slots and RoPE cos/sin as inputs, so the program is compiled
     once per layer and cache tier, never per token; k_new/v_new come back and the host
     appends them at the token's position.
@@ -91,7 +92,8 @@ class DeviceRunner:
         self.dev, self.device = device, device.name
         n = config.num_hidden_layers
         context = min(config.max_position_embeddings, max_context or MAX_CONTEXT)
-        self.plan = plan_sizes(n, context, device.profile.compile_budget)
+        self.columns = device.profile.spatial_multiple_of  # the decode token's padded width
+        self.plan = plan_sizes(n, context, device.profile.compile_budget, self.columns)
         # the stream's range, measured once on the CPU reference, decides its scale on the device
         self.stream_scale = stream_scale_for(self.cpu.stream_peak(calibration_ids(config)))
         self.shapes = [replace(layer_shape(config, i), stream_scale=self.stream_scale) for i in range(n)]
@@ -196,13 +198,15 @@ class DeviceRunner:
         pos, d, s = cache.length, self.config.hidden_size, self.shapes[0]
         tier = self.plan.tier(pos)
         cache.reserve(tier)
-        x = self.cpu.embed(np.array([token]), np.array([pos])).astype(np.float32) / self.stream_scale
-        x = x.reshape(1, d, 1, 1)  # [1, D] -> [1, D, 1, 1]
+        # the token in column 0 of the padded width, zeros after (every layer's input starts so)
+        x = np.zeros((1, d, 1, self.columns), np.float32)
+        x[0, :, 0, 0] = self.cpu.embed(np.array([token]), np.array([pos]))[0] / self.stream_scale
         heads = (s.kv_heads, 1, s.head_dim, tier)
         step = {"mask": decode_mask(pos, tier)}
         if self.rope:
             cos, sin = rope_full_tables(*rope_tables(np.array([pos]), self.inv_freq))  # [1, 1, Dh, 1]
-            step.update(cos=cos, sin=sin)
+            pad = [(0, 0)] * 3 + [(0, self.columns - 1)]
+            step.update(cos=np.pad(cos, pad), sin=np.pad(sin, pad))  # -> [1, 1, Dh, W]
         for i in range(len(self.layers)):
             lora = self.lora_inputs[i]
             out = self._kernel("decode", i, tier).run({
@@ -210,11 +214,15 @@ class DeviceRunner:
                 "k_cache": cache.k[i, :, :tier].reshape(heads),  # [C, T] -> [Hkv, 1, Dh, T]
                 "v_cache": cache.v[i, :, :tier].reshape(heads)},
                 exact=(*lora, "k_cache", "v_cache", *(() if i == 0 else ("x",))))
-            cache.k[i, :, pos] = out["k_new"].reshape(-1)  # [Hkv, 1, Dh, 1] -> [C]
-            cache.v[i, :, pos] = out["v_new"].reshape(-1)
-            x = out["y"]
+            cache.k[i, :, pos] = out["k_new"][..., 0].reshape(-1)  # [Hkv, 1, Dh, W] -> column 0 -> [C]
+            cache.v[i, :, pos] = out["v_new"][..., 0].reshape(-1)
+            if self.columns == 1:
+                x = out["y"]
+            else:  # column 0 goes on; the padding restarts from zeros
+                x = np.zeros_like(x)
+                x[..., 0] = out["y"][..., 0]
         cache.advance(1)
-        return x.reshape(1, d).astype(np.float32) * self.stream_scale  # [1, D, 1, 1] -> [1, D]
+        return x[..., 0].reshape(1, d).astype(np.float32) * self.stream_scale  # [1, D, 1, W] -> [1, D]
 
     def _kernel(self, kind: str, i: int, size: int) -> Kernel:
         """The program of layer i for a prefill bucket or decode tier, compiled on first use."""
@@ -225,9 +233,12 @@ class DeviceRunner:
                 rope = rope_full_tables(*rope_tables(np.arange(size), self.inv_freq)) if self.rope else None
                 graph = prefill_layer(s, w, size, rope, name=f"prefill_l{i}_s{size}", lora=self.lora_slots)
             else:
-                graph = decode_layer(s, w, size, self.rope, name=f"decode_l{i}_t{size}", lora=self.lora_slots)
+                graph = decode_layer(s, w, size, self.rope, name=f"decode_l{i}_t{size}", columns=self.columns,
+                                     lora=self.lora_slots)
             art = compile_graph(graph, self.dev.profile)
             # inputs and outputs are declared in alphabetical order: MIL names are ours
             assert not art.meta["aliases"], f"{graph.name}: surfaces were renamed {art.meta['aliases']}"
-            self.kernels[key] = Kernel(art, self.dev, float32_outputs=True)
+            # decode reads column 0 alone: the emulator then evaluates that column only
+            self.kernels[key] = Kernel(art, self.dev, float32_outputs=True,
+                                       read_columns=1 if kind == "decode" else None)
         return self.kernels[key]

@@ -1,20 +1,21 @@
 """The decode kernel: one token through one decoder layer, reading that layer's KV cache.
 
-Inputs (declared in alphabetical order, so they bind as declared, strict §2.2):
+Inputs (declared in alphabetical order, so they bind as declared, strict §2.2), W columns wide
+(`columns`: 16 under `strict`, whose I/O widths are multiples of 16, §2.10; the token is in
+column 0 and the other columns are zeros, as Orion decodes):
 
-    cos, sin  [1, 1, Dh, 1]   RoPE of the token's position (Llama/Qwen3 only: they change per step)
+    cos, sin  [1, 1, Dh, W]   RoPE of the token's position (Llama/Qwen3 only: they change per step)
     k_cache   [Hkv, 1, Dh, T] the layer's keys at positions 0..T-1 (post-RoPE), as the cache stores them
     mask      [1, 1, 1, T]    additive: 0 where a position holds a past token, −1e4 elsewhere
     v_cache   [Hkv, 1, Dh, T]
-    x         [1, D, 1, 1]    the token's hidden state
+    x         [1, D, 1, W]    the token's hidden state
 
 The caches are declared with their heads split: the same packed bytes as the `[1, C, 1, T]`
 layout (C = Hkv·Dh, head-major), without a reshape op that would pass over the whole cache.
-Outputs: k_new and v_new `[Hkv, 1, Dh, 1]` (the column the host appends at the token's
-position) and y `[1, D, 1, 1]`. The cache and the position are inputs, not consts, so one program per layer
+Outputs: k_new and v_new `[Hkv, 1, Dh, W]` (column 0 is what the host appends at the token's
+position) and y `[1, D, 1, W]`. The cache and the position are inputs, not consts, so one program per layer
 serves every step (the compile budget is 115 per process). The declared tensors are smaller
-than the 49,152-byte minimum surface: the runtime pads the allocation (strict §2.4), so the
-token needs no dummy columns.
+than the 49,152-byte minimum surface: the runtime pads the allocation (strict §2.4).
 
 The token attends to the cache and to itself. Its own key is not in the cache yet (the host
 appends it from k_new afterwards), so the softmax runs over two parts without joining them
@@ -22,6 +23,11 @@ appends it from k_new afterwards), so the softmax runs over two parts without jo
 
     m = max(max_t s_t, s_new),  p_t = e^(s_t − m) / Z,  p_new = e^(s_new − m) / Z
     Z = Σ_t e^(s_t − m) + e^(s_new − m),  out = Σ_t p_t·v_t + p_new·v_new
+
+No op mixes columns: the scores are `[Hkv, G, T, W]` (cache positions down, columns across),
+s_new is each column's own q·k, and every reduction runs over positions or channels. So each
+column is a token of its own, padding cannot reach column 0, and the emulator evaluates only
+the column the host reads (device/emulator_columns.py).
 """
 
 from __future__ import annotations
@@ -37,30 +43,34 @@ from .lora import Slot, slot_input_shapes, slot_values
 
 def cached_attention(b: GraphBuilder, s: LayerShape, qh: Value, kh: Value, vh: Value,
                      kc: Value, vc: Value, mask: Value) -> Value:
-    """One query (pre-scaled) over the cache plus itself; qh `[Hkv,G,Dh,1]`, kh/vh
-    `[Hkv,1,Dh,1]`, caches kc/vc `[Hkv,1,Dh,T]`, mask `[1,1,1,T]`. Returns `[1, H·Dh, 1, 1]`."""
-    sc = b.add(b.matmul(qh, kc, transpose_x=True, name="attn_qk"), mask, name="attn_masked")  # [Hkv,G,1,T]
-    sn = b.matmul(qh, kh, transpose_x=True, name="attn_new")  # [Hkv,G,1,1]
-    m = b.maximum(b.reduce_max(sc, axes=[3], name="attn_max_cache"), sn, name="attn_max")
-    ec = b.exp(b.sub(sc, m, name="attn_shift"), name="attn_e")  # [Hkv,G,1,T]
-    en = b.exp(b.sub(sn, m, name="attn_shift_new"), name="attn_e_new")  # [Hkv,G,1,1]
-    z = b.add(b.reduce_sum(ec, axes=[3], name="attn_sum_cache"), en, name="attn_z")
-    past = b.matmul(vc, ec, transpose_y=True, name="attn_pv")  # [Hkv,1,Dh,T]·[Hkv,G,1,T]ᵀ -> [Hkv,G,Dh,1]
+    """W queries (pre-scaled), each over the cache plus its own key; qh `[Hkv,G,Dh,W]`, kh/vh
+    `[Hkv,1,Dh,W]`, caches kc/vc `[Hkv,1,Dh,T]`, mask `[1,1,1,T]`. Returns `[1, H·Dh, 1, W]`."""
+    width, cap = qh.shape[3], kc.shape[3]
+    sc = b.matmul(kc, qh, transpose_x=True, name="attn_qk")  # [Hkv,1,T,Dh]·[Hkv,G,Dh,W] -> [Hkv,G,T,W]
+    down = b.reshape(mask, [1, 1, cap, 1], name="attn_mask_t")  # positions down the rows
+    sc = b.add(sc, down, name="attn_masked")
+    sn = b.reduce_sum(b.mul(qh, kh, name="attn_qk_new"), axes=[2], name="attn_new")  # [Hkv,G,1,W]
+    m = b.maximum(b.reduce_max(sc, axes=[2], name="attn_max_cache"), sn, name="attn_max")
+    ec = b.exp(b.sub(sc, m, name="attn_shift"), name="attn_e")  # [Hkv,G,T,W]
+    en = b.exp(b.sub(sn, m, name="attn_shift_new"), name="attn_e_new")  # [Hkv,G,1,W]
+    z = b.add(b.reduce_sum(ec, axes=[2], name="attn_sum_cache"), en, name="attn_z")
+    past = b.matmul(vc, ec, name="attn_pv")  # [Hkv,1,Dh,T]·[Hkv,G,T,W] -> [Hkv,G,Dh,W]
     num = b.add(past, b.mul(vh, en, name="attn_pv_new"), name="attn_num")
     o = b.real_div(num, z, name="attn_out")
-    return b.reshape(o, [1, s.heads * s.head_dim, 1, 1], name="attn")  # [Hkv,G,Dh,1] -> [1,H·Dh,1,1]
+    return b.reshape(o, [1, s.heads * s.head_dim, 1, width], name="attn")  # [Hkv,G,Dh,W] -> [1,H·Dh,1,W]
 
 
 def decode_layer(s: LayerShape, p: dict, capacity: int, rope: bool, name: str = "decode",
-                 lora: tuple[Slot, ...] = ()) -> Graph:
-    """One layer for one token over a cache of `capacity` positions (see the module doc);
-    `p` from `layer_params`; `lora`: the adapter slots, whose A and B are inputs too."""
+                 columns: int = 1, lora: tuple[Slot, ...] = ()) -> Graph:
+    """One layer for one token (in column 0 of `columns`) over a cache of `capacity` positions
+    (see the module doc); `p` from `layer_params`; `lora`: the adapter slots, whose A and B are
+    inputs too."""
     b = GraphBuilder(name)
     heads = [s.kv_heads, 1, s.head_dim, capacity]
-    shapes = {"k_cache": heads, "mask": [1, 1, 1, capacity], "v_cache": heads, "x": [1, s.d, 1, 1],
+    shapes = {"k_cache": heads, "mask": [1, 1, 1, capacity], "v_cache": heads, "x": [1, s.d, 1, columns],
               **slot_input_shapes(lora)}
     if rope:
-        shapes.update(cos=[1, 1, s.head_dim, 1], sin=[1, 1, s.head_dim, 1])
+        shapes.update(cos=[1, 1, s.head_dim, columns], sin=[1, 1, s.head_dim, columns])
     i = declare_inputs(b, shapes)
     x, adapter = i["x"], slot_values(i, lora)
     qh, kh, vh, k, v = layer_front(b, s, p, x, (i["cos"], i["sin"]) if rope else None, adapter)

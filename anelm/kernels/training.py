@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..chip.profile import padded_width
 from ..errors import ShapeError
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Graph, Value
@@ -70,6 +71,9 @@ class Dims:
     hd: int     # head dim
     s: int      # tokens per sequence
     gated: bool = True  # SwiGLU (Llama, Qwen3: W1, W3); False: one up projection (GPT-2, GELU on the CPU)
+    # every packed input's width rounds up to this (the profile's spatial_multiple_of, §2.10):
+    # the extra columns come after every block, and no kernel reads them
+    width_multiple: int = 1
 
     @property
     def q(self) -> int:
@@ -85,23 +89,21 @@ class Dims:
                    cfg.num_key_value_heads, cfg.head_dim, int(seq_len), cfg.model_type != "gpt2")
 
 
-SPATIAL_MULTIPLE = 16  # strict §2.10: input widths are padded up to a multiple of this
 
 
 @dataclass(frozen=True)
 class Packed:
     """One kernel input `[1, C, 1, n·S + Σ widths]`: activations, then weight blocks, then
-    adapter blocks (staged data in both pipelines), padded to `SPATIAL_MULTIPLE` columns."""
+    adapter blocks (staged data in both pipelines), padded to `Dims.width_multiple` columns."""
 
     channels: int
     acts: tuple[str, ...]
     weights: tuple[tuple[str, int], ...] = ()   # (role, columns OC) in column order
     adapters: tuple[tuple[str, int], ...] = ()  # (block key, columns) after the weights
 
-    def width(self, s: int, dynamic: bool) -> int:
+    def width(self, s: int, dynamic: bool, multiple: int = 1) -> int:
         used = len(self.acts) * s + (sum(w for _, w in self.weights) if dynamic else 0)
-        used += sum(w for _, w in self.adapters)
-        return -(-used // SPATIAL_MULTIPLE) * SPATIAL_MULTIPLE
+        return padded_width(used + sum(w for _, w in self.adapters), multiple)
 
     def columns(self, s: int, dynamic: bool = True) -> dict[str, slice]:
         """Where each activation, weight and adapter block lives along the spatial axis."""
@@ -251,7 +253,7 @@ class KernelContext:
         self.where: dict[str, tuple[Value, Packed, slice]] = {}
         dynamic = mats is None
         for name, pk in sorted(layouts(m, lora)[kind].items()):
-            v = self.b.input(name, [1, pk.channels, 1, pk.width(m.s, dynamic)])
+            v = self.b.input(name, [1, pk.channels, 1, pk.width(m.s, dynamic, m.width_multiple)])
             for key, cols in pk.columns(m.s, dynamic).items():
                 self.where[key] = (v, pk, cols)
         self._acts: dict[str, Value] = {}

@@ -58,7 +58,7 @@ class Kernel:
     """A compiled program with its surfaces; callable with numpy arrays."""
 
     def __init__(self, artifact, device: Device, cache: ProgramCache | None = None,
-                 float32_outputs: bool = False, warn_overflow: bool = True):
+                 float32_outputs: bool = False, warn_overflow: bool = True, read_columns: int | None = None):
         self.artifact, self.device = artifact, device
         # CONTRACTS §8: the first fp16 overflow is named on stderr, once per kernel name; off
         # for kernels where overflow is expected (training's dx kernels, under loss scaling)
@@ -66,6 +66,8 @@ class Kernel:
         # fp16 outputs as float32 arrays of the same values: what numpy callers compute with
         # anyway, and on the emulator it skips a float16 cast each way
         self.float32_outputs = float32_outputs
+        # the caller reads only the first n spatial columns of each output (Device.evaluate)
+        self._read = {} if read_columns is None else {"read_columns": read_columns}
         self._cache = cache if cache is not None else program_cache()
         p = device.profile
         sig = artifact.signature
@@ -117,7 +119,7 @@ class Kernel:
     def _evaluate(self, in_surfaces: list[Surface]) -> dict[str, np.ndarray]:
         watch = self.warn_overflow and not warned(self.name)  # nothing to look for once it has warned
         with self._lock:  # output surfaces are shared: evaluate and read back as one step
-            found = self.device.evaluate(self.model, in_surfaces, self._out_surfaces, watch=watch)
+            found = self.device.evaluate(self.model, in_surfaces, self._out_surfaces, watch=watch, **self._read)
             if watch and found is not None:
                 warn_overflow(self.name, found)
             got = {}

@@ -33,9 +33,11 @@ from __future__ import annotations
 import functools
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 
 import numpy as np
 
+from ..chip.profile import padded_width
 from ..errors import ShapeError, UsageError
 from ..kernels.training import Dims
 from ..models.config import LlamaConfig
@@ -54,6 +56,13 @@ def _rope(cfg, seq: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin `[hd, B·S]`: positions 0..S-1 per sequence, HF half-split (rows i, i+hd/2 equal)."""
     pos = np.tile(np.arange(seq), batch)
     return ops.rope_tables(cfg.head_dim, pos, cfg.rope_theta, cfg.rope_scaling)
+
+
+def _padded(a: np.ndarray, width: int) -> np.ndarray:
+    """[C, S] -> [C, width], zeros after the S columns."""
+    out = np.zeros((a.shape[0], width), F32)
+    out[:, :a.shape[1]] = a
+    return out
 
 
 def _check_weights(cfg, weights: dict) -> dict[str, np.ndarray]:
@@ -81,6 +90,12 @@ class DeviceTrainStep:
             raise UsageError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
         self.cfg, self.pipeline = config, pipeline
         self.dims = Dims.from_config(config, seq_len)
+        # The kernels' sequence is S rounded up to the profile's spatial multiple (16 in strict,
+        # §2.10). The padding columns are zeros in every kernel input and come after every real
+        # position: causal attention keeps them out of real queries, and their zero dattn rows
+        # add nothing to real keys' gradients, so results are those of S columns.
+        multiple = device.profile.spatial_multiple_of
+        self.kernel_dims = replace(self.dims, s=padded_width(seq_len, multiple), width_multiple=multiple)
         self.n_layers = config.num_hidden_layers
         self.qk_norm = has_head_norms(config.model_type)
         self.embed, self.final_norm, self.head = (model_weight(config.model_type, r)
@@ -88,7 +103,7 @@ class DeviceTrainStep:
         self.w = _check_weights(config, weights)
         bank = DynamicBank if pipeline == "dynamic" else StaticBank
         # lora: kernels.training.LoraLayout, the adapter blocks of the LoRA step (lora_step.py)
-        self.bank = bank(self.dims, device, self.w, self.n_layers, lora, config.model_type)
+        self.bank = bank(self.kernel_dims, device, self.w, self.n_layers, lora, config.model_type)
         self._pool = WorkQueue("anelm-dw")
         self._blas = share_blas_between(2)  # device evals and dW run BLAS concurrently
         # the forward pass may take every core, but for small matrices (the tiny preset) the
@@ -217,7 +232,14 @@ class DeviceTrainStep:
     def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
         """Kernel `kind` of `layer` on each sequence; acts and results `[C, B·S]` float32."""
         t0, s = time.perf_counter(), self.dims.s
-        if self._batch == 1:  # the kernel's results are the batch's: no gathering copy
+        if self.kernel_dims.s != s:  # padded kernels: one sequence at a time, zero columns after it
+            out = {}
+            for b in range(self._batch):
+                cols = slice(b * s, (b + 1) * s)
+                res = self.bank.run(kind, layer, {n: _padded(a[:, cols], self.kernel_dims.s) for n, a in acts.items()})
+                for n, r in res.items():
+                    out.setdefault(n, np.empty((r.shape[0], self._batch * s), F32))[:, cols] = r[:, :s]
+        elif self._batch == 1:  # the kernel's results are the batch's: no gathering copy
             out = self.bank.run(kind, layer, acts)
         else:
             out = {}

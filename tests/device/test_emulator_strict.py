@@ -295,7 +295,7 @@ def test_switch_single_chunk_blobs_only():
 
 def test_switch_single_input_only():
     dev, m = _loaded(SUB, STRICT_NB.replace(single_input_only=True))
-    with pytest.raises(DeviceError, match=r"request has 2 input surfaces; this profile accepts one.*0x1d"):
+    with pytest.raises(DeviceError, match=r"request has 2 input surfaces; profile .strict. accepts one input.*0x1d"):
         dev.evaluate(m, [Surface(MIN), Surface(MIN)], [Surface(MIN), Surface(MIN)])
 
 
@@ -305,6 +305,13 @@ def test_switch_spatial_multiple_of():
     with pytest.raises(CompileError, match=r"node 'x': I/O tensor's last dim 20 is not a multiple of 16"):
         compile_(odd, profile=STRICT_NB.replace(spatial_multiple_of=16))
     compile_(relu_prog(), profile=STRICT_NB.replace(spatial_multiple_of=16))
+
+
+def test_strict_io_widths_are_multiples_of_16():
+    odd = mil([("x", "fp16", (1, 8, 1, 1))], [f'{ttype("fp16", (1, 8, 1, 1))} y = relu(x = x)[name = string("y")];'], ["y"])
+    with pytest.raises(CompileError, match=r"node 'x': I/O tensor's last dim 1 is not a multiple of 16"):
+        compile_(odd, profile=STRICT)  # §2.10: Orion's S = 1 fails at evaluation on the chip
+    compile_(relu_prog(), profile=STRICT)
 
 
 def test_switch_saturate_above():

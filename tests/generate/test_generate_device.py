@@ -144,6 +144,12 @@ def test_size_plan_fits_the_compile_budget():
         plan_sizes(60, 1024, budget)
 
 
+def test_sizes_are_io_widths_in_the_profiles_multiple():
+    odd = plan_sizes(2, 100, STRICT.compile_budget, STRICT.spatial_multiple_of)  # a context of 100 positions
+    assert odd.prefill == (16, 32, 64, 112) and odd.decode == (64, 112) and odd.context == 100
+    assert odd.tier(99) == 112 and odd.bucket(100) == 112
+
+
 def test_context_is_enforced(models):
     runner, _, config = models["gpt2"]
     cache = runner.new_cache()

@@ -126,7 +126,7 @@ def test_channel_norms_hold_any_fp16_magnitude(peak):
 def test_head_norm_holds_large_heads():
     """Qwen3's per-head q/k norm over Dh with values that square past fp16."""
     rng = np.random.default_rng(1)
-    x = (rng.standard_normal((2, 2, 16, 8)) * 3000).astype(np.float16).astype(np.float32)
+    x = (rng.standard_normal((2, 2, 16, 16)) * 3000).astype(np.float16).astype(np.float32)  # width 16: strict §2.10
     w = (1 + 0.1 * rng.standard_normal(16)).astype(np.float32)
     got = _run_norm(lambda b, v: head_rms_norm(b, v, w, 1e-6, "h"), x)
     v = x.astype(np.float64)

@@ -99,7 +99,7 @@ class ByteSurfaces(Emulator):
 
 @pytest.mark.parametrize("device", [Emulator, ByteSurfaces])
 def test_requests_stage_weight_columns_and_share_outputs(device):
-    ic, s, oc = 16, 32, 8
+    ic, s, oc = 16, 32, 16  # the packed width s + oc a multiple of 16 (strict §2.10)
     x_t = f"tensor<fp16, [1, {ic}, 1, {s + oc}]>"
     body = ['tensor<int32, [4]> ba = const()[name = string("ba"), val = tensor<int32, [4]>([0, 0, 0, 0])];',
             f'tensor<int32, [4]> sa = const()[name = string("sa"), val = tensor<int32, [4]>([1, {ic}, 1, {s}])];',
@@ -151,10 +151,10 @@ def test_float32_outputs_hold_the_fp16_values(device):
 
 def test_float32_outputs_stay_as_returned_and_never_alias_inputs_or_consts():
     # outputs of a view of an input, of a const, of a reshape of a fresh result, and a real op
-    t = "tensor<fp16, [1, 4, 1, 8]>"
-    body = ['tensor<int32, [4]> sh = const()[name = string("sh"), val = tensor<int32, [4]>([1, 4, 1, 8])];',
+    t = "tensor<fp16, [1, 4, 1, 16]>"
+    body = ['tensor<int32, [4]> sh = const()[name = string("sh"), val = tensor<int32, [4]>([1, 4, 1, 16])];',
             f'{t} same = reshape(shape = sh, x = a)[name = string("same")];',
-            f'{t} c = const()[name = string("c"), val = {t}([' + ", ".join(["1.5"] * 32) + '])];',
+            f'{t} c = const()[name = string("c"), val = {t}([' + ", ".join(["1.5"] * 64) + '])];',
             f'{t} fresh = add(x = a, y = c)[name = string("fresh")];',
             f'{t} re = reshape(shape = sh, x = fresh)[name = string("re")];']
     exact_size = PROFILE.replace(min_surface_bytes=64)  # surfaces as large as the outputs: adoptable
@@ -162,7 +162,7 @@ def test_float32_outputs_stay_as_returned_and_never_alias_inputs_or_consts():
     emu = Emulator(exact_size)
     with Kernel(art, emu, cache=ProgramCache(), float32_outputs=True) as k:
         req = k.request()
-        a1 = rng.standard_normal((1, 4, 1, 8)).astype(np.float16).astype(np.float32)
+        a1 = rng.standard_normal((1, 4, 1, 16)).astype(np.float16).astype(np.float32)
         first = req.run(a=a1)
         kept = {n: v.copy() for n, v in first.items()}
         first["c"][...] = 0.0  # a caller writing into a result must not reach the program's const
@@ -172,7 +172,7 @@ def test_float32_outputs_stay_as_returned_and_never_alias_inputs_or_consts():
             assert np.array_equal(first[n], kept[n])  # earlier results are not overwritten
         want_re = (-a1 + np.float32(1.5)).astype(np.float16).astype(np.float32)
         assert np.array_equal(second["same"], -a1) and np.array_equal(second["re"], want_re)
-        assert np.array_equal(second["c"], np.full((1, 4, 1, 8), 1.5, np.float32))
+        assert np.array_equal(second["c"], np.full((1, 4, 1, 16), 1.5, np.float32))
 
 
 def test_cache_compiles_once_and_evicts_lru_unpinned(cold_compiles):
@@ -207,14 +207,14 @@ def test_kernel_maps_renamed_io_and_rebuilds_returned_concat():
     from anelm.runtime.kernel import Kernel
 
     b = GraphBuilder("io")
-    zed = b.input("zed", [1, 4, 1, 8])
-    abc = b.input("abc", [1, 4, 1, 8])
+    zed = b.input("zed", [1, 4, 1, 16])
+    abc = b.input("abc", [1, 4, 1, 16])
     b.output("out", b.concat([b.mul(zed, 2.0, name="twice"), b.sub(zed, abc, name="diff")], axis=1))
     b.output("alpha", b.add(zed, abc, name="plus"))
     art = compile_graph(b.build())
     assert art.meta["aliases"] and "out" in art.meta["concat_outputs"]
     rng = np.random.default_rng(0)
-    z, a = (rng.standard_normal((1, 4, 1, 8)).astype(np.float16) for _ in range(2))
+    z, a = (rng.standard_normal((1, 4, 1, 16)).astype(np.float16) for _ in range(2))
     got = Kernel(art, Emulator())(zed=z, abc=a)
     zf, af = z.astype(np.float64), a.astype(np.float64)
     np.testing.assert_allclose(got["out"], np.concatenate([2 * zf, zf - af], axis=1), atol=4e-3)

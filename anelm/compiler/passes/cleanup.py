@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...chip.profile import STRICT, ChipProfile
-from ...errors import CompileError
+from ...chip.rejects import reject, rule_on
 from ...ir.builder import INLINE_MAX
 from ...ir.graph import Graph, Node, Value, const_type, np_dtype
 from ...ir.ops import OP_TABLE
@@ -153,12 +153,9 @@ def cast_placement(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
     strict §2.8: computation is fp16 throughout; surfaces may be fp32, so casts belong only
     at the function's edges.
     """
-    if not profile.cast_only_at_boundary:
+    if not rule_on("cast_only_at_boundary", profile):
         return None
     for n in graph.nodes:
         if n.op == "cast" and not graph.is_input(n.inputs["x"]) and not graph.is_output(n.out):
-            raise CompileError(
-                n.name, f"cast to {n.params['dtype']} inside the program; profile '{profile.name}' allows "
-                "cast only directly on a function input or on a returned value (CONTRACTS §2.8)",
-                "compute in fp16 and cast only the inputs or the returned values")
+            raise reject("cast_only_at_boundary", n.name, profile)
     return None

@@ -1,5 +1,8 @@
 """Validation against the ANE constraint catalogue, driven by the ChipProfile, and the SRAM estimate.
 
+The profile's rules and their messages are the table in `chip/rejects.py`, which the emulator's
+compile checks raise too; the rank and dimension limits and `identity` are the compiler's own.
+
 Each broken constraint is a CompileError naming the node, the constraint (with where it is
 documented) and the fix. Minimum surface sizes are not checked here: they are a property of
 the allocation, which the runtime pads (strict §2.4), so small internal tensors are fine.
@@ -10,6 +13,7 @@ from __future__ import annotations
 import warnings
 
 from ...chip.profile import SRAM_BYTES, STRICT, ChipProfile
+from ...chip.rejects import reject, rejected_sqrt, rule_on
 from ...errors import CompileError
 from ...ir.graph import Graph, Node, Value
 from ...ir.ops import OP_TABLE
@@ -23,10 +27,9 @@ MAX_CHANNELS = 65536  # channel extent, and any dim of a const (32000-row classi
 
 @register_pass("ane_validate")
 def ane_validate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
-    """Check (no rewrite) every node and surface against the profile's constraints."""
-    if profile.single_input_only and len(graph.inputs) > 1:
-        raise CompileError(graph.inputs[1].name, f"profile '{profile.name}' allows one input surface, "
-                           f"got {len(graph.inputs)}", "pack the inputs along the spatial axis of one input")
+    """Check (no rewrite) every node and surface against the profile's rules (chip/rejects.py)."""
+    if rule_on("single_input_only", profile) and len(graph.inputs) > 1:
+        raise reject("single_input_only", graph.inputs[1].name, profile, count=len(graph.inputs))
     for v in graph.inputs:
         _check_value(v, v.name, const=False)
     for n in graph.nodes:
@@ -40,34 +43,33 @@ def ane_validate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
 
 def _check_op(graph: Graph, n: Node, profile: ChipProfile) -> None:
     op = n.op
-    if op == "identity":
+    if op == "identity":  # the compiler's own rule (peer-facts 4.1): the emulator runs identity
         raise CompileError(n.name, "identity does not compile on the ANE (peer-facts 4.1)",
                            "run identity_elimination before validation")
     if op not in OP_TABLE:
-        raise CompileError(n.name, f"op '{op}' is missing from the emulator's op table (CONTRACTS §2.1)",
-                           "express it with ops the table has")
+        raise reject("op_table", n.name, profile, op=op)
     if op in profile.rejected_ops:
-        raise CompileError(n.name, f"op '{op}' is rejected by profile '{profile.name}' (CONTRACTS §2.1)",
-                           "run the decompose / concat_elimination passes, or rewrite it by hand")
-    if op == "reduce_mean" and profile.reject_reduce_mean:
-        raise CompileError(n.name, f"profile '{profile.name}' rejects reduce_mean", "use reduce_sum × 1/N")
-    if op in ("rsqrt", "sqrt") and profile.reject_rsqrt:
-        raise CompileError(n.name, f"profile '{profile.name}' rejects {op}", "use pow(x, -0.5) or pow(x, 0.5)")
+        raise reject("rejected_ops", n.name, profile, op=op)
+    if op == "reduce_mean" and rule_on("reject_reduce_mean", profile):
+        raise reject("reject_reduce_mean", n.name, profile)
+    x = n.inputs.get("x")
+    if rule_on("reject_rsqrt", profile) and rejected_sqrt(op, x.producer.op if x is not None and x.producer else None):
+        raise reject("reject_rsqrt", n.name, profile, op=op)
     if op == "conv":
         _check_conv(n, profile)
-    if op == "scaled_dot_product_attention" and n.inputs.get("attn_mask") is not None and profile.sdpa_ignores_mask:
-        raise CompileError(n.name, "the hardware ignores scaled_dot_product_attention's attn_mask (CONTRACTS §2.5)",
-                           "decompose attention: matmul, scale, add the mask, softmax, matmul")
+    if op == "scaled_dot_product_attention" and n.inputs.get("attn_mask") is not None \
+            and rule_on("sdpa_ignores_mask", profile):
+        raise reject("sdpa_ignores_mask", n.name, profile)
 
 
 def _check_conv(n: Node, profile: ChipProfile) -> None:
-    if profile.reject_conv_bias and n.inputs.get("bias") is not None:
-        raise CompileError(n.name, "conv with a bias argument is rejected (CONTRACTS §2.1)",
-                           "run conv_bias_split: conv without bias, then add a [1, C, 1, 1] const")
-    w = n.inputs["weight"].producer
-    if profile.reject_dynamic_conv_weight and not (w is not None and (w.is_const or w.op.startswith("constexpr_"))):
-        raise CompileError(n.name, "conv weight must be a const or a constexpr_* result (CONTRACTS §2.1)",
-                           "for runtime weights use matmul (the dynamic-weight pattern, maderix §4)")
+    if rule_on("reject_conv_bias", profile) and n.inputs.get("bias") is not None:
+        raise reject("reject_conv_bias", n.name, profile)
+    weight = n.inputs["weight"]
+    w = weight.producer
+    if rule_on("reject_dynamic_conv_weight", profile) and not (w is not None and (w.is_const or w.op.startswith("constexpr_"))):
+        what = "a function input" if w is None else f"the result of {w.op}"
+        raise reject("reject_dynamic_conv_weight", n.name, profile, weight=weight.name, what=what)
 
 
 def _check_value(v: Value, node: str, const: bool) -> None:
@@ -84,13 +86,12 @@ def _check_value(v: Value, node: str, const: bool) -> None:
 
 
 def _check_spatial_multiple(graph: Graph, profile: ChipProfile) -> None:
-    m = profile.spatial_multiple_of
-    if m <= 1:
+    if not rule_on("spatial_multiple_of", profile):
         return
+    m = profile.spatial_multiple_of
     for v in [*graph.inputs, *graph.outputs.values()]:
         if v.shape and v.shape[-1] % m:
-            raise CompileError(v.name, f"last dim {v.shape[-1]} is not a multiple of {m} (profile '{profile.name}')",
-                               f"pad the sequence to a multiple of {m}")
+            raise reject("spatial_multiple_of", v.name, profile, width=v.shape[-1], multiple=m)
 
 
 @register_pass("sram_estimate")
