@@ -163,7 +163,7 @@ class DeviceRunner:
             self.lora_inputs.append({n: round_fp16(a) for n, a in arrays.items()})  # fp16 values, staged as exact
 
     def _reserve(self, rank: int, roles: tuple[str, ...]) -> None:
-        self.lora_slots = plan_slots(self.config, rank, roles)
+        self.lora_slots = plan_slots(self.config, rank, roles, self.dev.profile.spatial_multiple_of)
         self.lora_inputs = [{n: np.zeros(sh, np.float32) for sl in self.lora_slots
                              for n, sh in sl.input_shapes().items()} for _ in self.shapes]
 

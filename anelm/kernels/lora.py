@@ -1,7 +1,8 @@
 """LoRA on the device: the adapter term of a projection, with the adapter as kernel inputs.
 
-A targeted projection y = W·x gains `B'·(A'·x + c)`, where A' `[1, 1, R, in]`, B' `[1, 1, out, R]`
-(and, after GPT-2's LayerNorm, c `[1, 1, R, 1]`) are kernel INPUTS, not consts, so an adapter
+A targeted projection y = W·x gains `B'·(A'·x + c)`, where A' (stored transposed, `[1, 1, in, R]`),
+B' `[1, 1, out, R]` (and, after GPT-2's LayerNorm, c `[1, 1, 1, R]`) are kernel INPUTS, not
+consts, so an adapter
 is data: swapping one, or dropping it (zeros), restages inputs and compiles nothing, and a
 kernel built for rank R serves every adapter of rank r <= R, zero-padded (exactly: the padded
 rows of A' meet zero columns of B'). The host folds into them what `layer_params` folds into
@@ -14,7 +15,8 @@ Qwen3 fuse q, k and v into one projection, so their `qkv` slot stacks one R-row 
 per targeted role and B' holds each role's B in its rows and its block's columns (block
 diagonal); GPT-2's `c_attn` adapter is one block over the fused rows, as PEFT treats it.
 Inputs are named `lora_<slot>_a`, `_b`, `_c`: a kernel declares them with its own, sorted
-(strict §2.2 binds alphabetically).
+(strict §2.2 binds alphabetically). Every one of them has R along its spatial axis, and R is
+the rank rounded up to the profile's spatial multiple (16 in strict, §2.10): zero rows again.
 
     term = lora_term(b, x, a, bm)       # [1, out, 1, S], for any GraphBuilder: the training kernels' too
 """
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..chip.profile import padded_width
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
 from ..models.names import layer_modules
@@ -54,16 +57,18 @@ class Slot:
         return len(self.roles) * self.rank
 
     def input_shapes(self) -> dict[str, list[int]]:
-        shapes = {f"lora_{self.key}_a": [1, 1, self.rows, self.inp], f"lora_{self.key}_b": [1, 1, self.out, self.rows]}
+        shapes = {f"lora_{self.key}_a": [1, 1, self.inp, self.rows], f"lora_{self.key}_b": [1, 1, self.out, self.rows]}
         if self.shifted:
-            shapes[f"lora_{self.key}_c"] = [1, 1, self.rows, 1]
+            shapes[f"lora_{self.key}_c"] = [1, 1, 1, self.rows]
         return shapes
 
 
-def plan_slots(config, rank: int, roles: tuple[str, ...]) -> tuple[Slot, ...]:
-    """The slots of every layer kernel for adapters of rank <= `rank` on model `roles`."""
+def plan_slots(config, rank: int, roles: tuple[str, ...], multiple: int = 1) -> tuple[Slot, ...]:
+    """The slots of every layer kernel for adapters of rank <= `rank` on model `roles`; each
+    slot's rank rounds up to `multiple`, the profile's spatial multiple (its inputs' width)."""
     from ..models.adapters import projection_shape
 
+    rank = padded_width(rank, multiple)
     family = "gpt2" if config.model_type == "gpt2" else "llama"
     slots = []
     for key, members in SLOT_ROLES[family].items():
@@ -90,13 +95,14 @@ def slot_values(inputs: dict[str, Value], slots: tuple[Slot, ...]) -> dict[str, 
 # --- the graph piece --------------------------------------------------------------------------
 
 def lora_term(b: GraphBuilder, x: Value, a: Value, bm: Value, c: Value | None = None, name: str = "lora") -> Value:
-    """B·(A·x + c) for x `[1, in, 1, S]`, a `[1, 1, R, in]`, bm `[1, 1, out, R]`, c `[1, 1, R, 1]`
-    (or None): `[1, out, 1, S]`, two matmuls over inputs (no conv: strict wants conv weights const)."""
+    """B·(A·x + c) for x `[1, in, 1, S]`, a = Aᵀ `[1, 1, in, R]`, bm `[1, 1, out, R]`, c
+    `[1, 1, 1, R]` (or None): `[1, out, 1, S]`, two matmuls over inputs (no conv: strict wants
+    conv weights const)."""
     inp, seq = x.shape[1], x.shape[3]
     x4 = b.reshape(x, [1, 1, inp, seq], name=f"{name}_x4")                  # [1, 1, in, S]
-    h = b.matmul(a, x4, name=f"{name}_ax")                                 # [1, 1, R, S]
+    h = b.matmul(a, x4, transpose_x=True, name=f"{name}_ax")               # [1, 1, R, S]
     if c is not None:
-        h = b.add(h, c, name=f"{name}_axc")
+        h = b.add(h, b.reshape(c, [1, 1, c.shape[3], 1], name=f"{name}_c_t"), name=f"{name}_axc")
     d = b.matmul(bm, h, name=f"{name}_bax")                                 # [1, 1, out, S]
     return b.reshape(d, [1, bm.shape[2], 1, seq], name=name)               # [1, out, 1, S]
 
@@ -141,8 +147,8 @@ def layer_lora(s, slots: tuple[Slot, ...], w: dict[str, np.ndarray], pairs: dict
                 bm[q_rows, cols] *= np.float32(q_scale)
         if slot.key in WRITES_STREAM:
             bm /= np.float32(s.stream_scale)
-        arrays[f"lora_{slot.key}_a"] = a[None, None]
+        arrays[f"lora_{slot.key}_a"] = np.ascontiguousarray(a.T)[None, None]
         arrays[f"lora_{slot.key}_b"] = bm[None, None]
         if slot.shifted:
-            arrays[f"lora_{slot.key}_c"] = c[None, None]
+            arrays[f"lora_{slot.key}_c"] = c.reshape(1, 1, 1, -1)
     return arrays
