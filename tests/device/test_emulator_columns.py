@@ -26,7 +26,8 @@ from anelm.kernels.prefill import prefill_layer
 from anelm.kernels.training import WEIGHTED, Dims, build_graph, layer_mats
 from anelm.models.config import GPT2Config, LlamaConfig, Qwen3Config
 from anelm.models.names import random_layer
-from anelm.quant.core import InputQuant, qlinear
+from anelm.kernels.int8 import qlinear
+from anelm.models.quantized import InputQuant
 from anelm.runtime.kernel import Kernel
 
 PROFILE = STRICT.replace(compile_budget=10**9)
