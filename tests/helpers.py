@@ -46,17 +46,8 @@ def shared_path(*parts: str) -> Path:
 
 
 def rms_norm_graph(b, x, weight, eps: float = 1e-5, name: str = "rms"):
-    """x · (Σc x² · 1/C + eps)^-0.5 · w over channels from ANE-safe ops (orion §1.2, maderix §2.3):
-    a small realistic graph for the compiler's tests (the kernels' own norm is
-    `anelm.kernels.norms`, which first scales x for fp16)."""
-    from anelm.ir.graph import Value
+    """A small realistic graph for the compiler's tests: the unscaled RMSNorm of the reference
+    programs (`anelm.kernels.norms.plain_rms`; the kernels' own norm first scales x for fp16)."""
+    from anelm.kernels.norms import plain_rms
 
-    p, c = b.graph.peek_name(name), x.shape[1]
-    ss = b.reduce_sum(b.mul(x, x, name=f"{p}_sq"), axes=[1], name=f"{p}_ss")
-    ms = b.mul(ss, b.scalar(1.0 / c, x.dtype, f"{p}_invd"), name=f"{p}_ms")
-    mse = b.add(ms, b.scalar(eps, x.dtype, f"{p}_eps"), name=f"{p}_mse")
-    rrms = b.pow(mse, b.scalar(-0.5, x.dtype, f"{p}_nhalf"), name=f"{p}_rrms")
-    if weight is None:
-        return b.mul(x, rrms, name=p)
-    w = weight if isinstance(weight, Value) else b.weight(f"{p}_w", np.reshape(weight, (1, c, 1, 1)), x.dtype)
-    return b.mul(b.mul(x, rrms, name=f"{p}_xr"), w, name=p)
+    return plain_rms(b, x, weight, eps, name)

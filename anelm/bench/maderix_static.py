@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.builder import GraphBuilder
+from ..kernels.norms import plain_rms
 from . import maderix
 
 FORWARD = ("fwdAttn", "fwdFFN")
@@ -47,14 +48,14 @@ def build(kind: str, d: int, f: int, heads: int, s: int):
     if kind == "fwdAttn":
         x = b.input("x", [1, d, 1, s])
         mask, _, _ = maderix._consts(b, s, hd)
-        xn = b.rms_norm(x, np.ones(d, np.float32), name="rms1")
+        xn = plain_rms(b, x, np.ones(d, np.float32), name="rms1")
         q, k, v = (_conv(b, xn, d, d, n) for n in ("q", "k", "v"))
         qh, kh, vh = (maderix._heads(b, t, heads, hd, s, f"{n}h") for t, n in ((q, "q"), (k, "k"), (v, "v")))
         att = maderix._flat(b, b.matmul(maderix._scores(b, qh, kh, mask, hd, "p"), vh, name="pv"), heads, hd, s, "attn")
         outs = [_conv(b, att, d, d, "o"), q, k, v, att, xn]
     elif kind == "fwdFFN":
         x = b.input("x", [1, d, 1, s])
-        xn = b.rms_norm(x, np.ones(d, np.float32), name="rms2")
+        xn = plain_rms(b, x, np.ones(d, np.float32), name="rms2")
         h1, h3 = _conv(b, xn, f, d, "h1"), _conv(b, xn, f, d, "h3")
         gate = b.mul(b.mul(h1, b.sigmoid(h1, name="sg"), name="silu"), h3, name="gate")
         outs = [_conv(b, gate, d, f, "ffn"), h1, h3, gate, xn]

@@ -67,3 +67,19 @@ def head_rms_norm(b: GraphBuilder, x: Value, weight: np.ndarray, eps: float, nam
     dh = x.shape[2]
     w = b.weight(f"{name}_w", np.reshape(weight, (1, 1, dh, 1)))
     return b.mul(scaled_rms(b, x, 2, eps, f"{name}_n"), w, name=name)
+
+
+def plain_rms(b: GraphBuilder, x: Value, weight, eps: float = 1e-5, name: str = "rms") -> Value:
+    """x · (Σc x² · 1/C + eps)^-0.5 · w over channels, unscaled, from ANE-safe ops (orion §1.2,
+    maderix §2.3): the form the published reference programs use (`bench/maderix_static.py`),
+    and a small realistic graph for the compiler's tests. It overflows fp16 once Σ x² passes
+    65504, which is why the kernels use `channel_norm`."""
+    p, c = b.graph.peek_name(name), x.shape[1]
+    ss = b.reduce_sum(b.mul(x, x, name=f"{p}_sq"), axes=[1], name=f"{p}_ss")
+    ms = b.mul(ss, b.scalar(1.0 / c, x.dtype, f"{p}_invd"), name=f"{p}_ms")
+    mse = b.add(ms, b.scalar(eps, x.dtype, f"{p}_eps"), name=f"{p}_mse")
+    rrms = b.pow(mse, b.scalar(-0.5, x.dtype, f"{p}_nhalf"), name=f"{p}_rrms")
+    if weight is None:
+        return b.mul(x, rrms, name=p)
+    w = weight if isinstance(weight, Value) else b.weight(f"{p}_w", np.reshape(weight, (1, c, 1, 1)), x.dtype)
+    return b.mul(b.mul(x, rrms, name=f"{p}_xr"), w, name=p)
