@@ -7,7 +7,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "anelm"
 MAX_MODULE_LINES = 400
-MAX_PACKAGE_LINES = 21500  # 20000 until LoRA (issue 14: adapters, the LoRA and GPT-2 training steps, finetune)
+# 20000 until this round; grown by what each capability needed: LoRA (issue 14: adapters, the
+# LoRA and GPT-2 training steps, finetune), the kernel cache and the MIL fast reader (issue 18),
+# column-separable evaluation and the reject table (issue 13), the reference static programs (16)
+MAX_PACKAGE_LINES = 22500
 
 
 def line_counts() -> dict[str, int]:
