@@ -21,14 +21,15 @@ from anelm.device.emulator import Emulator
 from anelm.device.emulator_columns import COLUMN_BLOCK, column_plan
 from anelm.ir.builder import GraphBuilder
 from anelm.kernels.decode import decode_layer
+from anelm.kernels.int8 import qlinear
 from anelm.kernels.layers import layer_params, layer_shape
 from anelm.kernels.prefill import prefill_layer
 from anelm.kernels.training import WEIGHTED, Dims, build_graph, layer_mats
 from anelm.models.config import GPT2Config, LlamaConfig, Qwen3Config
 from anelm.models.names import random_layer
-from anelm.kernels.int8 import qlinear
 from anelm.models.quantized import InputQuant
 from anelm.runtime.kernel import Kernel
+from helpers import rms_norm_graph
 
 PROFILE = STRICT.replace(compile_budget=10**9)
 W = 16
@@ -148,7 +149,7 @@ def test_separable_hand_written_program_and_the_width_limit():
     def prog(width):
         b = GraphBuilder("sep")
         x = b.input("x", [1, 8, 1, width])
-        h = b.linear(b.rms_norm(x, np.ones(8)), np.eye(8) * 0.5, name="p")
+        h = b.linear(rms_norm_graph(b, x, np.ones(8)), np.eye(8) * 0.5, name="p")
         b.output("y", b.sigmoid(h) * x)
         return b.build()
     assert _compiled(prog(W))[2].columns is not None
