@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 
 
+def add_run_folder_args(p: argparse.ArgumentParser) -> None:
+    """--out and --resume, as every command that writes a run folder (train, finetune) takes them."""
+    p.add_argument("--out", default=None, metavar="RUN",
+                   help="run folder (default: runs/<timestamp>; required with --resume)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its latest checkpoint, towards the same --steps")
+
+
 def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "ane", "emulator"], default="auto",
                    help="where programs run: the real ANE, the emulator, or the best available (default)")

@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 
-from .common import add_device_args, add_distributed_args, positive_int
+from .common import add_device_args, add_distributed_args, add_run_folder_args, positive_int
 from .train import _number, _train, add_settings_args
 
 # flags of `anelm train` that name or build another model than --model's
@@ -37,10 +37,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated HF module names (q_proj,v_proj for Llama/Qwen3, c_attn for "
                         "GPT-2: the defaults), or all-linear")
     add_settings_args(p, skip=NOT_FOR_FINETUNE, defaults=FINETUNE_DEFAULTS)
-    p.add_argument("--out", default=None, metavar="RUN",
-                   help="run folder (default: runs/<timestamp>; required with --resume)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out from its latest checkpoint, towards the same --steps")
+    add_run_folder_args(p)
     add_device_args(p)
     add_distributed_args(p)
 

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import fields
 
-from .common import add_device_args, add_distributed_args, positive_int
+from .common import add_device_args, add_distributed_args, add_run_folder_args, positive_int
 
 
 def _nonneg_int(text: str) -> int:
@@ -80,10 +80,7 @@ def add_settings_args(p: argparse.ArgumentParser, skip=(), defaults: dict | None
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_settings_args(p)
-    p.add_argument("--out", default=None, metavar="RUN",
-                   help="run folder (default: runs/<timestamp>; required with --resume)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out from its latest checkpoint, towards the same --steps")
+    add_run_folder_args(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the predicted step time per chip (anelm bench's cost model) and exit; compiles nothing on a device")
     add_device_args(p)

@@ -269,8 +269,11 @@ class DeviceTrainStep:
         return self.w[self._name(layer, role)]
 
     # ------------------------------------------------------------------ forward
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        return ops.embed_fwd(self.w[self.embed], ids.reshape(-1))   # [D, B·S]
+
     def _forward(self, ids: np.ndarray, keep: bool) -> tuple[np.ndarray, list[dict]]:
-        x = ops.embed_fwd(self.w[self.embed], ids.reshape(-1))   # [D, B·S]
+        x = self._embed(ids)
         caches = []
         for i in range(self.n_layers):
             x, c = self._layer_fwd(i, x)

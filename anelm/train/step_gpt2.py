@@ -70,15 +70,9 @@ class GPT2TrainStep(DeviceTrainStep):
                 "t_dw": self._t["dw"]}
 
     # ------------------------------------------------------------------ forward
-    def _forward(self, ids: np.ndarray, keep: bool) -> tuple[np.ndarray, list[dict]]:
-        w, flat = self.w, ids.reshape(-1)
-        x = ops.embed_fwd(w[self.embed], flat) + ops.embed_fwd(w[self.wpe], self._positions)
-        caches = []
-        for i in range(self.n_layers):
-            x, c = self._layer_fwd(i, x)
-            if keep:
-                caches.append(c)
-        return x, caches
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        w = self.w
+        return ops.embed_fwd(w[self.embed], ids.reshape(-1)) + ops.embed_fwd(w[self.wpe], self._positions)
 
     def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
         eps, clamp, p = self.cfg.layer_norm_epsilon, ops.clamp_fp16, functools.partial(self._p, i)
