@@ -241,7 +241,7 @@ class Group(Solo):
 
     def diagnose(self, error: BaseException) -> str:
         """One line naming the lost rank(s), from the heartbeats (at most ~3 periods)."""
-        why, who = _reason(error), f"rank {self.rank} of {self.world}"
+        why, who = _reason(error, self.timeout_s), f"rank {self.rank} of {self.world}"
         try:
             store = self._store(2 * BEAT_S)
             before = self._beats(store)
@@ -306,8 +306,12 @@ def _env_int(name: str) -> int:
         raise UsageError(f"--distributed: expected an integer {name}, got {os.environ[name]!r}") from None
 
 
-def _reason(e: BaseException) -> str:
-    """gloo's message without its source path and advice: e.g. 'Connection reset by peer'."""
+def _reason(e: BaseException, timeout_s: float | None = None) -> str:
+    """gloo's message without its source path and advice: e.g. 'Connection reset by peer'.
+    A timeout is named in our words first: gloo words it differently with load ('Timed out
+    waiting ...' or 'Application timeout caused pair closure')."""
     text = (str(e).splitlines() or [type(e).__name__])[0]
-    text = text.split("] ", 1)[-1]
-    return text.split(". This is typically", 1)[0][:160]
+    text = text.split("] ", 1)[-1].split(". This is typically", 1)[0][:160]
+    if timeout_s is not None and ("timed out" in text.lower() or "timeout" in text.lower()):
+        return f"timed out: no reply within --dist-timeout {timeout_s:g} s; gloo: {text}"
+    return text

@@ -210,7 +210,7 @@ def test_a_killed_or_stopped_rank_ends_the_other_with_one_line_naming_it(jobs, h
     assert not any(line.startswith("anelm: error:") for line in lines[:-1])
     assert "Traceback" not in err and "frame #" not in err, err
     if how == "hung":
-        assert "Timed out" in lines[-1], lines[-1]
+        assert "timed out: no reply within --dist-timeout" in lines[-1], lines[-1]
 
 
 def test_without_torch_distributed_is_one_line_saying_what_to_install(monkeypatch, capsys, tmp_path):
@@ -304,3 +304,17 @@ def test_weights_digest_sees_one_changed_value():
     assert digest_mismatch(5, [d0, d0]) is None
     msg = digest_mismatch(5, [d0, d1])
     assert "differ at step 5" in msg and "rank 1 against rank 0" in msg
+
+
+@pytest.mark.parametrize("gloo", [
+    "[../gloo/transport/tcp/pair.cc:534] Timed out waiting 16000ms for recv operation to complete",
+    "[../gloo/transport/tcp/unbound_buffer.cc:81] Application timeout caused pair closure",
+])
+def test_either_wording_of_a_gloo_timeout_is_named_a_timeout_in_our_words(gloo):
+    from anelm.train.distributed import _reason
+
+    why = _reason(RuntimeError(gloo), 20.0)
+    assert why.startswith("timed out: no reply within --dist-timeout 20 s; gloo: "), why
+    assert "pair.cc" not in why and "unbound_buffer" not in why
+    assert _reason(RuntimeError("[x.cc:1] Connection closed by peer [1.2.3.4]:5"), 20.0) == \
+        "Connection closed by peer [1.2.3.4]:5"
