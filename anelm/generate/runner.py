@@ -40,6 +40,13 @@ class Runner(Protocol):
         """Run one token at position cache.length, advancing it by one. Returns logits [V]."""
         ...
 
+    def set_adapter(self, adapter: Any) -> None:
+        """Run with LoRA `adapter` (`anelm.models.adapters.Adapter`) from now on; None runs the
+        base alone. The base weights stay as they are and nothing is compiled: a device runner
+        restages its kernels' adapter inputs (CONTRACTS §9). An adapter that does not fit the
+        base (or the device runner's adapter slots) raises AdapterError."""
+        ...
+
 
 def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto",
                 max_context: int | None = None, profile: Any = None, adapter: Any = None) -> Runner:

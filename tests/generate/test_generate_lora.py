@@ -2,6 +2,8 @@
 of prefill and decode with an adapter, after a swap to a smaller-rank adapter on fewer targets
 (zero-padded into the same kernels), and with the adapter dropped, each within CONTRACTS §6's
 whole-model tolerance (LOGITS_TOL: every layer runs in fp16); and none of the three compiles.
+`set_adapter` is part of the `Runner` protocol: the CPU reference and the device runner both
+satisfy it and swap without compiling.
 """
 
 import numpy as np
@@ -81,3 +83,35 @@ def test_adapters_beyond_the_slots_are_refused(tmp_path):
     plain.prefill([1, 2, 3], plain.new_cache())
     with pytest.raises(AdapterError, match="compiled without adapter inputs"):
         plain.set_adapter(load_peft(tmp_path / "other", config))
+
+
+def test_both_runners_satisfy_the_protocol_and_swap_adapters_without_compiling(tmp_path):
+    """The CPU reference and the device runner are `Runner`s, `set_adapter` included: an adapter,
+    None (the base alone) and the adapter again, each with the oracle's logits (PEFT's or the
+    base's; the device within LOGITS_TOL, the CPU in float32) and no compile after the first."""
+    from anelm.generate.runner import Runner
+    from anelm.models.loading import build_model
+
+    base = make_hf("llama-gqa", tmp_path / "base", seed=7)
+    pa = make_peft(fresh_hf(tmp_path / "base"), "llama-gqa", tmp_path / "a", rank=4, seed=1)
+    config, weights, _ = load_model(tmp_path / "base")
+    a = load_peft(tmp_path / "a", config)
+    with_a, alone = hf_logits(pa, IDS), hf_logits(base, IDS)
+    assert rel_err(with_a, alone) > 5 * LOGITS_TOL  # the swap is visible beyond the tolerance
+
+    class NoAdapters:  # the rest of the interface without set_adapter is not a Runner
+        config, device = None, "cpu"
+        new_cache = prefill = decode = staticmethod(lambda *a, **k: None)
+
+    assert not isinstance(NoAdapters(), Runner)
+    cpu, dev = build_model(config, weights), build_runner(config, weights, Emulator(NOBUDGET), adapter=a)
+    for runner, tol in ((cpu, 1e-4), (dev, LOGITS_TOL)):  # the CPU in float32, the device in fp16
+        assert isinstance(runner, Runner), type(runner).__name__
+        runner.set_adapter(a)
+        assert rel_err(device_logits(runner), with_a) < tol
+        compiled = compile_count()
+        runner.set_adapter(None)
+        assert rel_err(device_logits(runner), alone) < tol
+        runner.set_adapter(a)
+        assert rel_err(device_logits(runner), with_a) < tol
+        assert compile_count() == compiled, type(runner).__name__
