@@ -31,8 +31,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank", type=positive_int, default=None, metavar="N", help="LoRA rank r (default: 8)")
     p.add_argument("--alpha", type=lambda t: _number(t, True), default=None, metavar="X",
                    help="LoRA alpha; the adapter term is scaled by alpha / r (default: 16)")
-    p.add_argument("--dropout", type=lambda t: _number(t, False), default=None, metavar="P",
-                   help="LoRA dropout (default: 0, the only value the device step trains with)")
+    p.add_argument("--dropout", type=_probability, default=None, metavar="P",
+                   help="LoRA dropout on the adapters' inputs in training, as PEFT's lora_dropout "
+                        "(default: 0); eval loss runs without it")
     p.add_argument("--targets", default=None, metavar="LIST",
                    help="comma-separated HF module names (q_proj,v_proj for Llama/Qwen3, c_attn for "
                         "GPT-2: the defaults), or all-linear")
@@ -40,6 +41,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_run_folder_args(p)
     add_device_args(p)
     add_distributed_args(p)
+
+
+def _probability(text: str) -> float:
+    """--dropout: p in [0, 1) (p = 1 would drop every input the adapters see)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 <= v < 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1), got '{text}'")
+    return v
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,6 +30,11 @@ scale·B `[out, r]` beside dy and A `[r, in]` in `lora`, giving dx += Aᵀ(scale
 adapter may cover several kernel roles (GPT-2's fused `c_attn` covers wq, wk, wv): A·x is
 computed once and B's rows are split across the roles. Kernels no adapter touches keep
 their plain layout, so they compile to the same programs as in full training.
+LoRA dropout (`LoraLayout.dropout`; PEFT's y = W·x + s·B·A·dropout(x)) is data too: the
+CPU draws the masks. A forward kernel then takes, beside x, each adapter's dropped copy
+x·mask/(1-p) as one more activation block (`drop_key`), which A multiplies instead of x; a dx
+kernel takes the masks mask/(1-p) in one more input `lora_mask` of the projection's input
+channels (`mask_key`), through which the adapter's dx term goes before it joins the base's.
 
 Inputs and outputs are declared in alphabetical order, so the `strict` binding order (§2.2)
 needs no renaming and the names below are the MIL names.
@@ -123,6 +128,7 @@ class LoraLayout:
 
     rank: int
     groups: tuple[tuple[str, tuple[str, ...]], ...]
+    dropout: bool = False  # the adapters see dropped inputs (module doc): the blocks are always there
 
     def group_of(self, role: str) -> str | None:
         return next((g for g, roles in self.groups if role in roles), None)
@@ -140,7 +146,16 @@ def b_key(role: str) -> str:
     return f"lora_b_{role}"
 
 
+def drop_key(group: str) -> str:
+    return f"lora_x_{group}"  # forward: the adapter's input x·mask/(1-p), beside x
+
+
+def mask_key(group: str) -> str:
+    return f"lora_mask_{group}"  # dx: mask/(1-p), in the `lora_mask` input
+
+
 LORA_INPUT = "lora"  # the r-channel input of the second factors (binds in alphabetical order)
+MASK_INPUT = "lora_mask"  # dx kernels with dropout: one mask block per adapter (binds after `lora`)
 
 
 def layouts(m: Dims, lora: LoraLayout | None = None) -> dict[str, dict[str, Packed]]:
@@ -157,7 +172,9 @@ def _with_adapters(kind: str, ins: dict[str, Packed], lora: LoraLayout) -> dict[
     """Add the adapter blocks of `kind`: the first factor beside the activation it multiplies,
     the second in the r-channel `lora` input (module doc)."""
     first: dict[str, list] = {name: [] for name in ins}
+    drops: dict[str, list] = {name: [] for name in ins}  # forward: dropped copies beside x
     second: list[tuple[str, int]] = []
+    masks: dict[str, int] = {}  # dx: mask block -> the input channels it covers
     for name, pk in ins.items():
         for role, oc in pk.weights:
             g = lora.group_of(role)
@@ -166,13 +183,18 @@ def _with_adapters(kind: str, ins: dict[str, Packed], lora: LoraLayout) -> dict[
             if kind in FORWARD:   # Aᵀ [in, r] beside x (once per adapter); (sB)ᵀ [r, out] in lora
                 if (a_key(g), lora.rank) not in first[name]:
                     first[name].append((a_key(g), lora.rank))
+                    drops[name].append(drop_key(g))
                 second.append((b_key(role), oc))
             else:                 # sB [out, r] beside dy; A [r, in] in lora (once per adapter)
                 first[name].append((b_key(role), lora.rank))
                 if (a_key(g), oc) not in second:
                     second.append((a_key(g), oc))
-    out = {name: replace(pk, adapters=tuple(first[name])) for name, pk in ins.items()}
+                    masks[mask_key(g)] = oc
+    out = {name: replace(pk, acts=pk.acts + (tuple(drops[name]) if lora.dropout else ()),
+                         adapters=tuple(first[name])) for name, pk in ins.items()}
     out[LORA_INPUT] = Packed(lora.rank, (), (), tuple(second))
+    if lora.dropout and masks:
+        out[MASK_INPUT] = Packed(next(iter(masks.values())), tuple(masks))
     return dict(sorted(out.items()))
 
 
@@ -280,13 +302,17 @@ class KernelContext:
         g = self.lora.group_of(role) if self.lora is not None else None
         if g is None:
             return y
-        if self.kind in FORWARD:  # u = A·x once per adapter, then (sB_role)·u
+        drop = self.lora.dropout
+        if self.kind in FORWARD:  # u = A·x once per adapter (x dropped: its own copy), then (sB_role)·u
             if (g, act) not in self._first:
-                self._first[(g, act)] = self.block_mm(a_key(g), x, f"lora_u_{g}_{act}")
+                xa = self.act(drop_key(g)) if drop else x
+                self._first[(g, act)] = self.block_mm(a_key(g), xa, f"lora_u_{g}_{act}")
             extra = self.block_mm(b_key(role), self._first[(g, act)], f"lora_{role}_{act}")
-        else:                     # Aᵀ·((sB_role)ᵀ·dy)
+        else:                     # Aᵀ·((sB_role)ᵀ·dy), through the mask with dropout
             v = self.block_mm(b_key(role), x, f"lora_v_{role}_{act}")
             extra = self.block_mm(a_key(g), v, f"lora_{role}_{act}")
+            if drop:
+                extra = self.b.mul(extra, self.act(mask_key(g)), name=f"lora_{role}_{act}_masked")
         return self.b.add(y, extra, name=f"{role}_{act}_lora")
 
     def block_mm(self, key: str, x: Value, name: str) -> Value:

@@ -179,7 +179,10 @@ class Trainer:
         loss_sum, stats_sum, grads, sink = 0.0, {}, None, None
         if self.acc is not None:
             zero_(self.acc)
-        for k in range(a.grad_accum):
+        begin = getattr(self.dev, "begin_micro_batch", None)  # a step that draws (LoRA dropout) keys
+        for k in range(a.grad_accum):                        # its draws by where it is in the run
+            if begin is not None:
+                begin(self.step, k, sync.rank)
             x, y = self.batcher.next()
             # the ranks' gradients are summed once per step, on the last micro-batch
             sink = sync.reducer(self.acc) if k == a.grad_accum - 1 else None

@@ -75,10 +75,7 @@ def prepare_finetune(explicit: dict, lora: dict, out, resume: bool) -> RunSetup:
         targets = resolve_targets(setup.model_config, lora.get("targets"))
         spec = LoraSpec(int(lora.get("rank") or 8), float(16.0 if lora.get("alpha") is None else lora["alpha"]),
                         float(lora.get("dropout") or 0.0), targets, base=str(model))
-        check_spec(setup.model_config, spec, "--rank/--targets")
-        if spec.dropout:
-            raise UsageError(f"--dropout {spec.dropout}: the device step trains without LoRA dropout; "
-                             "expected --dropout 0")
+        check_spec(setup.model_config, spec, "--rank/--targets/--dropout")
         setup.config[FINETUNE_KEY] = {"rank": spec.rank, "alpha": spec.alpha, "dropout": spec.dropout,
                                       "targets": list(spec.targets), "base": str(Path(model).absolute())}
         write_json(setup.run / "config.json", setup.config)
@@ -116,7 +113,7 @@ def step_factory(setup: RunSetup):
 
     def make(config, params, device, *, seq_len: int, pipeline: str):
         return lora_train_step(config, setup.frozen, device, seq_len=seq_len, spec=spec, adapter=params,
-                             pipeline=pipeline)
+                               pipeline=pipeline, seed=setup.args.seed)  # the dropout masks' seed
 
     return make
 

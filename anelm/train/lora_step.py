@@ -20,6 +20,13 @@ into dW = dy·xᵀ):
 
 The base gets no weight gradient: no dW, no classifier dW, no embedding scatter, no norm
 gradients are returned; dx still flows through everything.
+
+LoRA dropout p (PEFT's y = W·x + s·B·A·dropout(x): the base sees x, the adapter x̃ = x·d with
+d = mask/(1-p), inverted dropout, one mask per module and token) only in `loss_and_grads`;
+`loss` (eval) runs without it. The masks are drawn on the CPU from (seed, step, micro-batch,
+rank) (`begin_micro_batch`, which the trainer calls), so a resumed run draws the same ones;
+the kernels get x̃ and d as data (`kernels.training`), so nothing compiles per draw. Then
+dB = s·dy·(A·x̃)ᵀ, dA = s·(Bᵀ·dy)·x̃ᵀ, and the adapter's dx term is d·(Aᵀ·s·Bᵀ·dy).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UsageError
-from ..kernels.training import LAYER_ROLE, LoraLayout
+from ..kernels.training import LAYER_ROLE, LoraLayout, drop_key, mask_key
 from ..models.adapters import Adapter, LoraSpec, check_spec, projection_shape, target_modules
 from . import cpu_ops as ops
 from ..models.names import layer_prefix
@@ -39,12 +46,13 @@ A_KEY, B_KEY = ".lora_A.weight", ".lora_B.weight"
 # layer part -> the kernel roles an adapter on it covers (GPT-2's fused c_attn: q, k and v)
 KERNEL_ROLES = {**{part: (role,) for role, part in LAYER_ROLE.items()},
                 "qkv": ("wq", "wk", "wv"), "fc": ("w1",), "proj": ("w2",)}
+DROPOUT_STREAM = 0x10DA  # keeps the masks' draws apart from every other use of the run's seed
 
 
 def lora_layout(config, spec: LoraSpec) -> LoraLayout:
     """The kernels' view of `spec`: its rank and, per adapted layer part, the roles it covers."""
     parts = dict.fromkeys(role for layer, role in target_modules(config, spec.targets).values() if layer == 0)
-    return LoraLayout(spec.rank, tuple((p, KERNEL_ROLES[p]) for p in parts))
+    return LoraLayout(spec.rank, tuple((p, KERNEL_ROLES[p]) for p in parts), dropout=spec.dropout > 0)
 
 
 def adapter_shapes(config, spec: LoraSpec) -> dict[str, tuple[int, int]]:
@@ -82,13 +90,64 @@ class LoraHooks:
     """The LoRA half of a step (module doc), over a full step class that it follows in the MRO."""
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int, spec: LoraSpec,
-                 adapter: dict[str, np.ndarray], pipeline: str = "dynamic"):
+                 adapter: dict[str, np.ndarray], pipeline: str = "dynamic", seed: int = 0):
         self.spec, self.rank, self.scale = spec, spec.rank, spec.scale
         self.shapes = adapter_shapes(config, spec)
         self.modules = target_modules(config, spec.targets)  # path -> (layer, part)
-        super().__init__(config, weights, device, seq_len=seq_len, pipeline=pipeline,
-                         lora=lora_layout(config, spec))
+        self.seed, self._at, self._masks = int(seed), (0, 0, 0), None
+        lay = lora_layout(config, spec)
+        super().__init__(config, weights, device, seq_len=seq_len, pipeline=pipeline, lora=lay)
+        self._drops = self._dropout_blocks(lay)
         self.set_weights(adapter)
+
+    def _dropout_blocks(self, lay: LoraLayout) -> dict[tuple[str, int], list[tuple[str, str, str | None]]]:
+        """(kind, layer) -> its dropout blocks (block key, module path, the activation a forward
+        block is the dropped copy of; None for a dx kernel's mask)."""
+        path = {where: p for p, where in self.modules.items()}  # (layer, part) -> module path
+        keys = {k: (g, fwd) for g, _ in lay.groups for k, fwd in ((drop_key(g), True), (mask_key(g), False))}
+        out = {}
+        for kind in lay.kinds():
+            for pk in self.bank.layouts[kind].values():
+                for a in (a for a in pk.acts if a in keys):
+                    g, fwd = keys[a]
+                    for i in range(self.n_layers):
+                        out.setdefault((kind, i), []).append((a, path[(i, g)], pk.acts[0] if fwd else None))
+        return out
+
+    # ------------------------------------------------------------------ dropout
+    def begin_micro_batch(self, step: int, micro: int, rank: int = 0) -> None:
+        """Where the next `loss_and_grads` sits in the run: its masks are drawn from (seed, step,
+        micro, rank). A call without this draws at the next micro index."""
+        self._at = (int(step), int(micro), int(rank))
+
+    def dropout_masks(self, columns: int, at: tuple[int, int, int] | None = None) -> dict[str, np.ndarray]:
+        """d = mask/(1-p) `[in, columns]` per adapted module path (kept: 1/(1-p), dropped: 0), as
+        `loss_and_grads` draws them at `at` (step, micro, rank; default: the next call's)."""
+        p = self.spec.dropout
+        rng = np.random.default_rng([self.seed, DROPOUT_STREAM, *(self._at if at is None else at)])
+        keep = F32(1.0 / (1.0 - p))
+        return {path: (rng.random((self.shapes[path + A_KEY][1], columns), dtype=F32) >= p) * keep
+                for path in self.modules}
+
+    def loss_and_grads(self, x: np.ndarray, y: np.ndarray, loss_scale: float = 1.0, sink=None):
+        if self.spec.dropout:
+            self._masks = self.dropout_masks(np.asarray(x).size)
+            step, micro, rank = self._at
+            self._at = (step, micro + 1, rank)
+        try:
+            return super().loss_and_grads(x, y, loss_scale, sink)
+        finally:
+            self._masks = None
+
+    def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
+        """The kernel with its dropout blocks: x·d beside x (x itself in eval), or d (module doc)."""
+        for key, path, source in self._drops.get((kind, layer), ()):
+            d = None if self._masks is None else self._masks[path]
+            if source is None:  # a dx kernel: only `loss_and_grads` runs these, with its masks
+                acts[key] = d
+            else:
+                acts[key] = acts[source] if d is None else ops.clamp_fp16(acts[source] * d)
+        return super()._dev(kind, layer, **acts)
 
     @property
     def compiles_per_update(self) -> int:
@@ -125,16 +184,19 @@ class LoraHooks:
         if path not in self.modules:
             return
         a, b, s = self.adapter[path + A_KEY], self.adapter[path + B_KEY], F32(self.scale)
-        jobs[path + B_KEY] = self._pool.submit(lambda: s * ops.dw(dy, a @ x))   # s·dy·(A x)ᵀ
-        jobs[path + A_KEY] = self._pool.submit(lambda: s * ops.dw(b.T @ dy, x))  # s·(Bᵀdy)·xᵀ
+        d = None if self._masks is None else self._masks[path]
+        x_in = (lambda: x) if d is None else (lambda: x * d)  # the adapter's input: x̃ = x·d
+        jobs[path + B_KEY] = self._pool.submit(lambda: s * ops.dw(dy, a @ x_in()))   # s·dy·(A x̃)ᵀ
+        jobs[path + A_KEY] = self._pool.submit(lambda: s * ops.dw(b.T @ dy, x_in()))  # s·(Bᵀdy)·x̃ᵀ
 
     def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
         return  # the embedding is frozen
 
     def _stats(self, n_tokens: int, t_main: float) -> dict:
         stats = super()._stats(n_tokens, t_main)
+        drop = 3 if self.spec.dropout else 0  # x·d for the kernel and for each of dA, dB
         stats["cpu_flops"] = int(stats["cpu_flops"] - self._frozen_flops(n_tokens)
-                                 + sum(4 * self.rank * n_tokens * (o + i) for n, (o, i) in self._linears()))
+                                 + sum((4 * self.rank * (o + i) + drop * i) * n_tokens for n, (o, i) in self._linears()))
         return stats
 
     def _linears(self):

@@ -1,8 +1,9 @@
 """`anelm finetune`: LoRA runs on the train loop. A run SIGKILLed at a random moment and resumed
-logs the same losses as a straight one; its checkpoints hold the adapters and their AdamW
-moments and nothing of the base; RUN/adapter/ is the latest checkpoint's adapter in PEFT's
-layout (PEFT loads it); every step record has `compiles`, flat after the first step; bad input
-is one line.
+logs the same losses as a straight one, with and without LoRA dropout (its masks are drawn
+from the seed and the step); its checkpoints hold the adapters and their AdamW moments and
+nothing of the base; RUN/adapter/ is the latest checkpoint's adapter in PEFT's layout (PEFT
+loads it, `lora_dropout` included); every step record has `compiles`, flat after the first
+step; bad input is one line.
 
 The runs are CLI processes on the emulator over a tiny HF Llama (GQA) with a word tokenizer
 (`hf_tiny.make_word_model`), at 2x16 tokens, so a step takes a fraction of a second.
@@ -68,13 +69,24 @@ def losses(run):
     return {r["step"]: r["loss"] for r in recs}
 
 
-@pytest.fixture(scope="module")
-def runs(env):
+DROPOUTS = (0.0, 0.3)
+_RUNS: dict = {}
+
+
+@pytest.fixture(scope="module", params=DROPOUTS, ids=lambda p: f"dropout={p}")
+def runs(env, request):
+    """(base, straight run, killed-then-resumed run, kill's exit code, steps logged before the
+    kill, the resume's stderr, dropout) of `--dropout` p."""
+    if request.param not in _RUNS:
+        _RUNS[request.param] = straight_and_killed(*env, request.param)
+    return _RUNS[request.param]
+
+
+def straight_and_killed(base, e, p):
     """A straight run, and one killed at a random moment after its first checkpoint, then resumed."""
-    base, e = env
-    straight = cli(flags(base, base / "straight"), e)
-    killed = base / "killed"
-    proc = cli(flags(base, killed), e)
+    straight, killed = base / f"straight-{p}", base / f"killed-{p}"
+    straight_proc = cli(flags(base, straight, dropout=p), e)
+    proc = cli(flags(base, killed, dropout=p), e)
     first = killed / "checkpoints" / "step-000003.safetensors"
     deadline = time.time() + 180
     while not first.exists() and proc.poll() is None and time.time() < deadline:
@@ -85,24 +97,35 @@ def runs(env):
     ran = max(losses(killed), default=0)
     resumed = cli(["--out", str(killed), "--resume", "--device", "emulator"], e)
     _, err_r = resumed.communicate(timeout=400)
-    _, err_s = straight.communicate(timeout=400)
-    assert straight.returncode == 0, err_s[-2000:]
+    _, err_s = straight_proc.communicate(timeout=400)
+    assert straight_proc.returncode == 0, err_s[-2000:]
     assert resumed.returncode == 0, err_r[-2000:]
-    return base, killed, proc.returncode, ran, err_r
+    return base, straight, killed, proc.returncode, ran, err_r, p
 
 
 def test_killed_and_resumed_finetune_logs_the_straight_losses(runs):
-    base, killed, code, ran, err = runs
+    base, straight, killed, code, ran, err, p = runs
     assert code == -signal.SIGKILL and ran < STEPS and "resuming at step" in err
-    a, b = losses(base / "straight"), losses(killed)
+    a, b = losses(straight), losses(killed)
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-4
-    assert a[STEPS] < a[1]  # the adapters learn the skewed unigram
+    evals = {r["step"]: r["eval_loss"] for r in read_metrics(straight) if "eval_loss" in r}
+    assert evals[STEPS] < evals[STEPS // 2]  # the adapters learn the skewed unigram (one fixed eval
+    # batch; the train losses of 2x16-token batches swing by more than 12 steps teach)
+
+
+def test_dropout_changes_the_training_but_not_the_first_loss(env):
+    """Step 1's loss is the base's whatever p (B starts at zero); later ones differ with dropout."""
+    runs = {p: _RUNS.get(p) or straight_and_killed(*env, p) for p in DROPOUTS}
+    _RUNS.update(runs)
+    plain, dropped = (losses(runs[p][1]) for p in DROPOUTS)
+    assert plain[1] == dropped[1]
+    assert max(abs(plain[s] - dropped[s]) for s in plain) > 1e-3
 
 
 def test_compiles_are_in_every_record_and_flat_after_the_first_step(runs):
-    base, *_ = runs
-    recs = [r for r in read_metrics(base / "straight") if "loss" in r]
+    _, straight, *_ = runs
+    recs = [r for r in read_metrics(straight) if "loss" in r]
     counts = [r["compiles"] for r in recs]
     assert len(counts) == STEPS and counts[0] > 0
     assert counts == [counts[0]] * STEPS, counts
@@ -113,8 +136,7 @@ def test_checkpoint_holds_the_adapters_and_peft_loads_run_adapter(runs):
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM
 
-    base, *_ = runs
-    run = base / "straight"
+    base, run, *_, p = runs
     ck = load_checkpoint(latest_checkpoint(run))
     assert ck.step == STEPS
     names = set(ck.weights)
@@ -124,22 +146,25 @@ def test_checkpoint_holds_the_adapters_and_peft_loads_run_adapter(runs):
     assert set(ck.optimizer) == {f"exp_avg.{n}" for n in names} | {f"exp_avg_sq.{n}" for n in names}
     assert all(not n.startswith(OPT_PREFIX) for n in names)
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["anelm_finetune"] == {"rank": 4, "alpha": 16.0, "dropout": 0.0, "base": str(base / "base"),
+    assert cfg["anelm_finetune"] == {"rank": 4, "alpha": 16.0, "dropout": p, "base": str(base / "base"),
                                      "targets": ["q_proj", "v_proj", "down_proj"]}
     peft_cfg = json.loads((run / "adapter" / "adapter_config.json").read_text())
     assert peft_cfg["base_model_name_or_path"] == str(base / "base") and peft_cfg["r"] == 4
+    assert peft_cfg["lora_dropout"] == p
     files = load_file(str(run / "adapter" / "adapter_model.safetensors"))
     for n, a in ck.weights.items():
         assert np.array_equal(files["base_model.model." + n], a), n
     assert any(np.abs(a).max() > 0 for n, a in ck.weights.items() if "lora_B" in n)  # B has trained
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base / "base"), run / "adapter")
-    loaded = {n.replace(".default", ""): p.detach().numpy() for n, p in model.named_parameters() if "lora_" in n}
+    loaded = {n.replace(".default", ""): t.detach().numpy() for n, t in model.named_parameters() if "lora_" in n}
+    dropouts = {type(m).__name__: m for n, m in model.named_modules() if n.endswith("lora_dropout.default")}
+    assert list(dropouts) == ["Dropout" if p else "Identity"] and getattr(dropouts.get("Dropout"), "p", p) == p
     assert set(loaded) == {"base_model.model." + n for n in names}
     assert all(np.array_equal(loaded["base_model.model." + n], a) for n, a in ck.weights.items())
 
 
 def test_resuming_a_finished_finetune_has_nothing_to_do(runs, capsys):
-    _, killed, *_ = runs
+    _, _, killed, *_ = runs
     assert main(["finetune", "--out", str(killed), "--resume", "--device", "emulator"]) == 0
     assert "nothing to do" in capsys.readouterr().err
 
@@ -155,7 +180,9 @@ def error_of(capsys, argv, code):
     ({"targets": "q_proj,qkv_proj"}, 2, ["unknown target module 'qkv_proj'", "q_proj"]),
     ({"rank": 0}, 2, ["--rank", "positive integer"]),
     ({"rank": 17}, 1, ["rank 17", "1 <= rank <= 16", "v_proj"]),  # v_proj is 16 wide (GQA 8:2, 64)
-    ({"dropout": 0.1}, 2, ["--dropout", "expected --dropout 0"]),
+    ({"dropout": 1}, 2, ["--dropout", "expected a probability in [0, 1), got '1'"]),
+    ({"dropout": -0.1}, 2, ["--dropout", "expected a probability in [0, 1)"]),
+    ({"dropout": "nan"}, 2, ["--dropout", "expected a probability in [0, 1)"]),
 ])
 def test_bad_lora_settings_are_one_line(env, tmp_path, capsys, over, code, words):
     base, _ = env

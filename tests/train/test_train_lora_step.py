@@ -7,6 +7,14 @@ the same adapter and batch. B is drawn non-zero (PEFT initializes it to zero, wh
 dA vanish), so both gradients are exercised. Tolerances (CONTRACTS §6): max|got − ref| /
 max|ref| ≤ 5e-2 and cosine ≥ 0.999 per tensor (measured ≤ 5.6e-3, ≥ 0.99999; without the
 device's adapter term the gradients are off by > 100 %); the loss 1e-2 relative (forward only).
+
+LoRA dropout: PEFT's `lora_dropout[name]` module of every adapted layer is replaced by one that
+multiplies by the step's own draw d = mask/(1-p), so autograd through PEFT with
+`lora_dropout=p` sees the masks our step trains with; dA, dB (and, through the layers behind,
+dx through the masked adapter branch) then meet the same tolerances, in both pipelines. The
+masks change the reference gradients by far more than the tolerance, so the test is decisive
+(measured: ≤ 6.7e-3 and cosine ≥ 0.99998 with dropout; without the mask on the dx kernels'
+adapter term, up to 0.70 and 0.80).
 """
 
 import functools
@@ -56,7 +64,47 @@ def _compile_count_as_found():
 
 @functools.lru_cache(maxsize=None)
 def reference(arch):
-    """(our config, base weights, adapter, x, y, PEFT loss, PEFT adapter grads)."""
+    """(our config, base weights, adapter, targets, x, y, PEFT loss, PEFT adapter grads)."""
+    cfg, weights, targets, pm, x, y = peft_model(arch)
+    loss, grads = peft_loss_and_grads(pm, x, y)
+    ours = lambda n: n.replace("base_model.model.", "", 1).replace(".default", "")  # noqa: E731
+    adapter = {ours(n): p.detach().numpy().copy() for n, p in pm.named_parameters() if "lora_" in n}
+    return cfg, weights, adapter, targets, x, y, loss, grads
+
+
+class FixedDropout(torch.nn.Module):
+    """PEFT's dropout with a given draw: x·d, d = mask/(1-p) laid out as x, [B, S, in]."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.d = d
+
+    def forward(self, x):
+        return x * self.d
+
+
+def peft_loss_and_grads(pm, x, y, masks=None, p=0.0):
+    """PEFT's loss and adapter gradients, by our names; `masks`: module path -> d `[in, B·S]`
+    (our columns, the sequences side by side), each installed as that layer's dropout."""
+    layers = {n: pm.get_submodule("base_model.model." + n) for n in masks or {}}
+    for n, layer in layers.items():
+        assert isinstance(layer.lora_dropout["default"], torch.nn.Dropout), n  # lora_dropout=p made one
+        assert layer.lora_dropout["default"].p == p
+        d = masks[n].T.reshape(B, S, -1)  # [in, B·S] -> [B, S, in]
+        layer.lora_dropout["default"] = FixedDropout(torch.tensor(d))
+    pm.zero_grad()
+    logits = pm(torch.tensor(x)).logits
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.tensor(y).reshape(-1))
+    loss.backward()
+    for layer in layers.values():  # the cached model gets its own dropout back
+        layer.lora_dropout["default"] = torch.nn.Dropout(p)
+    ours = lambda n: n.replace("base_model.model.", "", 1).replace(".default", "")  # noqa: E731
+    return loss.item(), {ours(n): q.grad.numpy().copy() for n, q in pm.named_parameters() if "lora_" in n}
+
+
+@functools.lru_cache(maxsize=None)
+def peft_model(arch, dropout=0.0):
+    """(our config, base weights, targets, the PEFT model with a non-zero B, x, y)."""
     cfg_name, model_name, extra, targets = ARCHS[arch]
     common = {k: v for k, v in COMMON.items() if arch != "gpt2" or k not in GPT2_DROP}
     hf_cfg = getattr(transformers, cfg_name)(**common, **extra)
@@ -72,7 +120,7 @@ def reference(arch):
     weights = architecture(cfg.model_type).sanitize(weights, cfg)  # GPT-2's Conv1D as [out, in]
     if hf_cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    lora = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=list(targets),
+    lora = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=dropout, target_modules=list(targets),
                            fan_in_fan_out=arch == "gpt2")
     pm = peft.get_peft_model(model, lora)
     with torch.no_grad():
@@ -81,19 +129,22 @@ def reference(arch):
                 p.normal_(0.0, 0.2)  # non-zero B, or dA is zero
     rng = np.random.default_rng(1)
     x, y = rng.integers(0, COMMON["vocab_size"], (B, S)), rng.integers(0, COMMON["vocab_size"], (B, S))
-    logits = pm(torch.tensor(x)).logits
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.tensor(y).reshape(-1))
-    loss.backward()
-    ours = lambda n: n.replace("base_model.model.", "", 1).replace(".default", "")  # noqa: E731
-    adapter = {ours(n): p.detach().numpy().copy() for n, p in pm.named_parameters() if "lora_" in n}
-    grads = {ours(n): p.grad.numpy().copy() for n, p in pm.named_parameters() if "lora_" in n}
-    return cfg, weights, adapter, targets, x, y, loss.item(), grads
+    return cfg, weights, targets, pm, x, y
 
 
-def make_step(arch, pipeline="dynamic", adapter=None):
+def make_step(arch, pipeline="dynamic", adapter=None, dropout=0.0):
     cfg, w, ad, targets, *_ = reference(arch)
-    return lora_train_step(cfg, w, Emulator(PROFILE), seq_len=S, spec=LoraSpec(RANK, ALPHA, 0.0, targets),
-                         adapter=adapter or ad, pipeline=pipeline)
+    return lora_train_step(cfg, w, Emulator(PROFILE), seq_len=S, spec=LoraSpec(RANK, ALPHA, dropout, targets),
+                           adapter=adapter or ad, pipeline=pipeline, seed=5)
+
+
+def assert_grads_match(grads, ref_grads):
+    assert set(grads) == set(ref_grads)  # the adapters' and nothing of the base
+    for name, want in ref_grads.items():
+        got = grads[name] / SCALE
+        cos = np.dot(got.ravel(), want.ravel()) / (np.linalg.norm(got) * np.linalg.norm(want))
+        assert got.dtype == np.float32 and got.shape == want.shape, name
+        assert rel_err(got, want) <= GRAD_TOL and cos >= GRAD_COSINE, (name, rel_err(got, want), cos)
 
 
 @pytest.mark.parametrize("pipeline", ["dynamic", "static"])
@@ -103,13 +154,47 @@ def test_loss_and_adapter_gradients_match_peft(arch, pipeline):
     with make_step(arch, pipeline) as step:
         loss, grads, stats = step.loss_and_grads(x, y, loss_scale=SCALE)
     assert abs(loss - ref_loss) / ref_loss <= 1e-2
-    assert set(grads) == set(ref_grads)  # the adapters' and nothing of the base
-    for name, want in ref_grads.items():
-        got = grads[name] / SCALE
-        cos = np.dot(got.ravel(), want.ravel()) / (np.linalg.norm(got) * np.linalg.norm(want))
-        assert got.dtype == np.float32 and got.shape == want.shape, name
-        assert rel_err(got, want) <= GRAD_TOL and cos >= GRAD_COSINE, (name, rel_err(got, want), cos)
+    assert_grads_match(grads, ref_grads)
     assert stats["device_flops"] > 0 and stats["cpu_flops"] > 0
+
+
+P = 0.3  # 1/(1-p) is not exact in fp16: the scaled masks are rounded on the device as PEFT's are not
+
+
+@pytest.mark.parametrize("pipeline", ["dynamic", "static"])
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_adapter_gradients_with_dropout_match_peft_given_the_same_masks(arch, pipeline):
+    *_, pm, x, y = peft_model(arch, P)
+    with make_step(arch, pipeline, dropout=P) as step:
+        masks = step.dropout_masks(x.size, at=(7, 1, 0))
+        step.begin_micro_batch(7, 1, 0)
+        loss, grads, _ = step.loss_and_grads(x, y, loss_scale=SCALE)
+    ref_loss, ref_grads = peft_loss_and_grads(pm, x, y, masks, P)
+    assert abs(loss - ref_loss) / ref_loss <= 1e-2
+    assert_grads_match(grads, ref_grads)
+    undropped = reference(arch)[-1]
+    assert max(rel_err(ref_grads[n], undropped[n]) for n in ref_grads) > 5 * GRAD_TOL  # decisive
+
+
+def test_dropout_masks_are_inverted_seeded_and_independent():
+    cfg, *_ = reference("llama-gqa")
+    with make_step("llama-gqa", dropout=P) as step:
+        a, again, later = (step.dropout_masks(4096, at=at) for at in ((3, 0, 0), (3, 0, 0), (3, 1, 0)))
+    assert set(a) == {n[: -len(".lora_A.weight")] for n in reference("llama-gqa")[2] if "lora_A" in n}
+    every = np.concatenate([d.ravel() for d in a.values()])
+    assert set(np.unique(every)) == {0.0, np.float32(1 / (1 - P))}  # PEFT's inverted dropout
+    assert abs((every == 0).mean() - P) < 0.01                      # 1.2 M draws: the rate is p
+    assert all(np.array_equal(a[n], again[n]) for n in a)           # the same place, the same masks
+    assert all(not np.array_equal(a[n], later[n]) for n in a)       # another micro-batch, others
+    q, v = (a[n] for n in ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"))
+    assert not np.array_equal(q, v)  # one mask per module, as PEFT's one dropout per layer
+
+
+def test_eval_loss_runs_without_dropout():
+    *_, x, y, _, _ = reference("qwen3")
+    with make_step("qwen3", dropout=0.5) as dropped, make_step("qwen3") as plain:
+        assert dropped.loss(x, y) == plain.loss(x, y)
+        assert dropped.loss_and_grads(x, y, SCALE)[0] != plain.loss_and_grads(x, y, SCALE)[0]
 
 
 def test_adapter_update_compiles_nothing_and_takes_effect(fresh_compile_count):
