@@ -211,11 +211,17 @@ def test_adapter_update_compiles_nothing_and_takes_effect(fresh_compile_count):
 
 
 def test_untargeted_kernels_stay_as_full_training_builds_them():
-    from anelm.kernels.training import Dims, build_graph, layouts
+    from anelm.kernels.training import Dims
     from anelm.train.lora_step import lora_layout
 
     cfg = reference("qwen3")[0]
-    dims, lay = Dims.from_config(cfg, S), lora_layout(cfg, LoraSpec(RANK, ALPHA, 0.0, ("q_proj",)))
+    for dropout in (0.0, P):  # dropout adds blocks to the adapted kernels only
+        check_untargeted_kernels(Dims.from_config(cfg, S), lora_layout(cfg, LoraSpec(RANK, ALPHA, dropout, ("q_proj",))))
+
+
+def check_untargeted_kernels(dims, lay):
+    from anelm.kernels.training import build_graph, layouts
+
     assert lay.kinds() == ("qkv", "qkv_dx")
     for kind in ("wo", "ffn_up", "ffn_down", "wo_dx", "ffn_up_dx", "ffn_down_dx"):
         assert layouts(dims, lay)[kind] == layouts(dims)[kind]
