@@ -1,7 +1,7 @@
 """`anelm finetune`: LoRA on a frozen base, forward and dx on the device, adapters on the CPU.
 
     anelm finetune --model smollm2.gguf --data notes.txt --steps 60 --out runs/notes
-    anelm finetune --model ~/models/Qwen3-0.6B --data notes.txt --rank 16 --targets all-linear
+    anelm finetune --model ~/models/Qwen3-0.6B --data notes.txt --rank 16 --targets all-linear --dropout 0.05
     anelm finetune --out runs/notes --resume        # continue (killed or finished)
     anelm generate --model smollm2.gguf --adapter runs/notes/adapter --prompt "..."
 
