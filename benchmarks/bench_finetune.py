@@ -11,6 +11,7 @@ by tens of percent within a minute), and the best step of each is reported, with
 
     python benchmarks/bench_finetune.py                     # rank 8, q_proj,v_proj, batch 1 x 64
     python benchmarks/bench_finetune.py --rank 16 --targets all-linear --rounds 3
+    python benchmarks/bench_finetune.py --dropout 0.1          # both LoRA variants with lora_dropout
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def run_anelm(kind: str, a, out: Path) -> dict:
     if kind == "lora":
         from anelm.train.lora import adapter_writer, prepare_finetune, step_factory
 
-        setup = prepare_finetune(explicit, {"rank": a.rank, "alpha": a.alpha, "targets": a.targets}, out, False)
+        setup = prepare_finetune(explicit, {"rank": a.rank, "alpha": a.alpha, "targets": a.targets,
+                                                 "dropout": a.dropout}, out, False)
         kw = {"step_factory": step_factory(setup), "after_save": adapter_writer(setup)}
     else:
         from anelm.train.run import prepare
@@ -80,7 +82,7 @@ def run_peft(a) -> dict:
     model = transformers.AutoModelForCausalLM.from_pretrained(str(a.model.parent), gguf_file=a.model.name,
                                                               dtype=torch.float32)
     targets = list(resolve_targets(config, a.targets))
-    model = peft.get_peft_model(model, peft.LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=0.0,
+    model = peft.get_peft_model(model, peft.LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=a.dropout,
                                                        target_modules=targets))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
@@ -111,7 +113,7 @@ def worker(a) -> None:
 def spawn(kind: str, a) -> dict:
     argv = [sys.executable, __file__, f"--worker={kind}", f"--model={a.model}", f"--data={a.data}",
             f"--steps={a.steps}", f"--batch-size={a.batch_size}", f"--seq-len={a.seq_len}",
-            f"--rank={a.rank}", f"--alpha={a.alpha}", f"--targets={a.targets}", f"--torch-threads={a.torch_threads}"]
+            f"--rank={a.rank}", f"--alpha={a.alpha}", f"--targets={a.targets}", f"--dropout={a.dropout}", f"--torch-threads={a.torch_threads}"]
     p = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if p.returncode:
         sys.exit(f"{kind} failed:\n{p.stderr[-3000:]}")
@@ -129,6 +131,7 @@ def main() -> None:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=float, default=16.0)
     p.add_argument("--targets", default="q_proj,v_proj")
+    p.add_argument("--dropout", type=float, default=0.0, help="lora_dropout of both LoRA variants")
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch's threads (default 1: on a loaded 2-core machine 2 OpenMP threads spin "
                         "and a step took 10-30x longer)")
@@ -148,7 +151,7 @@ def main() -> None:
         row[kind] = (min(steps), statistics.median(steps), max(run["peak_rss_mb"] for run in runs),
                      runs[0]["trainable"])
     print(f"SmolLM2-135M, batch {a.batch_size} x {a.seq_len}, rank {a.rank}, alpha {a.alpha:g}, "
-          f"targets {a.targets}; {a.rounds} rounds x {a.steps} steps each; load average {load:.1f}")
+          f"targets {a.targets}, dropout {a.dropout:g}; {a.rounds} rounds x {a.steps} steps each; load average {load:.1f}")
     print("| | step, best | step, median | peak RSS | trainable parameters |\n|---|---|---|---|---|")
     names = {"lora": "anelm finetune (LoRA, emulator)", "peft": "PEFT LoRA, PyTorch CPU float32",
              "full": "anelm train --init-from (full fine-tune, emulator)"}
