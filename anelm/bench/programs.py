@@ -138,7 +138,7 @@ def maderix_kernels(dims, layers: int) -> list[StepKernel]:
     return out
 
 
-def static_reference_kernels(dims, uniform_outputs: bool = False) -> list[StepKernel]:
+def static_reference_kernels(dims) -> list[StepKernel]:
     """The six baked programs of maderix's static pipeline and Orion (anelm/bench/maderix_static.py)."""
     from . import maderix, maderix_static
 
@@ -147,7 +147,7 @@ def static_reference_kernels(dims, uniform_outputs: bool = False) -> list[StepKe
     for kind in maderix_static.KERNELS:
         cost, _ = compiled(("maderix_static", kind, shape), lambda kind=kind: maderix_static.build(kind, *shape),
                            maderix.IN_MEMORY)
-        acts, outs = maderix_static.io_elements(kind, *shape, uniform_outputs)
+        acts, outs = maderix_static.io_elements(kind, *shape)
         out.append(StepKernel(kind, cost, kind in maderix_static.FORWARD, acts, outs,
                               int(kind in maderix_static.WEIGHTED)))
     return out

@@ -63,10 +63,13 @@ REFERENCES: dict[str, Reference] = {
         "compact vocabulary, tied embedding"),
     "orion-stories110m": Reference(
         StepSpec(_stories(), seq_len=256, batch=1, accum=4, qk_norm=False, accumulate_pass=False,
-                 uniform_outputs=True, **_BAKED), False,
-        "Orion: maderix's six baked programs per layer with multi-output surfaces of one size, "
-        "fp16 I/O clamped to +-65504, full-vocab CPU classifier, no RoPE, grad accum 4; train "
-        "ms/step without the weight reload", runtime="orion"),
+                 transposing_io=True, scalar_cross_entropy=True, classifier_dw_on_main=True,
+                 zero_and_scale_grads=True, **_BAKED), False,
+        "Orion: maderix's six baked programs per layer, fp16 I/O through transposing, clamping "
+        "copies from its [S, C] CPU arrays (bench/orion.py), a scalar cross-entropy and the "
+        "embedding's dW on the main thread, full-vocab CPU classifier, no RoPE, grad accum 4; "
+        "train ms/step (zeroing, micro-steps, 1/accum scaling, Adam) without the weight reload",
+        runtime="orion"),
 }
 
 
@@ -99,10 +102,14 @@ def predict_figure(fig: dict) -> float:
         return 2 * p["n"] ** 3 / chip.cpu_sgemm_flops * 1e3
     if kind == "cpu_softmax":
         return p["rows"] * p["cols"] * chip.cpu_exp_s * 1e3
+    if kind == "cpu_scalar_ce":
+        return p["rows"] * p["cols"] * chip.cpu_scalar_ce_s * 1e3
     if kind == "cpu_rmsnorm":
         return p["norms"] * RMSNORM_BYTES_PER_ELEMENT * p["dim"] * p["tokens"] / chip.cpu_vector_bytes_per_s * 1e3
     if kind == "train":
         return predict_reference(p["reference"], fig["chip"])["predicted_step_ms"]
+    if kind == "train_part":  # one published part of a step, in the model's breakdown keys
+        return predict_reference(p["reference"], fig["chip"])["predicted_breakdown"][p["part"]]
     if kind == "decode":
         return predict_orion_decode(on_runtime(chip, "orion")) * 1e3
     if kind == "eval_floor":
