@@ -52,6 +52,12 @@ REFERENCES: dict[str, Reference] = {
         StepSpec(_stories(), pipeline="dynamic", classifier_rows=COMPACT_VOCAB, **_DYNAMIC), True,
         "maderix training_dynamic: its 10 kernels per layer as they are (bench/maderix.py), weights in "
         "the inputs, RoPE forward in the kernel, classifier and CE over the ~9.2K ids the data uses, 1x256 tokens, accum 10"),
+    "maderix-stories110m-dynamic-v1": Reference(
+        StepSpec(_stories(), pipeline="dynamic", classifier_rows=COMPACT_VOCAB, rope=False,
+                 **dict(_MADERIX, kernels="maderix-v1")), True,
+        "maderix's first dynamic version (bench/maderix_v1.py), the program its step breakdown was "
+        "timed on: nine kernels, fp32 surfaces for the weight-bearing ones, every weight copied "
+        "into its kernel's input before every evaluation, no RoPE, compact vocabulary, accum 10"),
     "maderix-stories110m-static": Reference(
         StepSpec(_stories(), **_MADERIX, **_BAKED), True,
         "maderix train_large: its six baked programs per layer as they are (bench/maderix_static.py: "

@@ -31,13 +31,18 @@ from ..train.cpu_ops import matmul_flops
 from .chips import RMSNORM_BYTES_PER_ELEMENT, Chip
 from .cost import eval_time
 from . import orion
-from .programs import maderix_kernels, static_reference_kernels, train_kernels
+from .programs import maderix_kernels, maderix_v1_kernels, static_reference_kernels, train_kernels
 
 F32, IO_BYTES = 4, 6          # fp32 bytes; a host<->surface element: fp32 side + fp16 side
 RMS_FWD = 12                  # of RMSNORM_BYTES_PER_ELEMENT: the forward's share (read 2, write 1)
 ADAMW_BYTES = 28              # per parameter: read p, g, m, v; write p, m, v (fp32)
 ACCUMULATE_BYTES = 12         # per parameter and extra micro-step: read acc, g; write acc
 ZERO_AND_SCALE_BYTES = 12     # per parameter and step: memset g (4), g *= 1/accum (read 4, write 4)
+# host traffic by how it moves (StepKernel.host_traffic): (bytes per element, rate constant).
+# Weights copied into an input at every evaluation stream from DRAM (tens of MB a layer, past the
+# caches), as the decode model's CPU classifier reads its table (gen_model.py)
+HOST_BYTES = {"convert": (IO_BYTES, "cpu_vector_bytes_per_s"), "copy32": (8, "cpu_vector_bytes_per_s"),
+              "copy16": (4, "cpu_vector_bytes_per_s"), "weights32": (8, "cpu_dram_bytes_per_s")}
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,13 @@ def _params(c: dict) -> int:
     return count_params(c)
 
 
+def host_io_s(k, chip: Chip) -> float:
+    """Seconds the CPU spends moving one evaluation's inputs and results."""
+    if not k.host_traffic:
+        return (k.act_in_elements + k.out_elements) * IO_BYTES / chip.cpu_vector_bytes_per_s
+    return sum(n * HOST_BYTES[how][0] / chip.values[HOST_BYTES[how][1]] for how, n in k.host_traffic)
+
+
 def _cross_entropy_s(spec: StepSpec, chip: Chip) -> float:
     """Seconds per logit of the cross-entropy pass (softmax, loss, gradient)."""
     if not spec.scalar_cross_entropy:
@@ -107,14 +119,14 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     vec = chip.cpu_vector_bytes_per_s
     kernels, dev = [], {"forward": 0.0, "backward": 0.0}
     io = {"forward": 0.0, "backward": 0.0}
-    ks = {"maderix": lambda: maderix_kernels(m, layers),
+    ks = {"maderix": lambda: maderix_kernels(m, layers), "maderix-v1": lambda: maderix_v1_kernels(m),
           "static-reference": lambda: static_reference_kernels(m)}.get(
         spec.kernels, lambda: train_kernels(m, spec.pipeline))()
     for k in ks:
         t = eval_time(k.cost, chip)
         side = "forward" if k.forward else "backward"
         dev[side] += t.total_s * evals
-        io[side] += (k.act_in_elements + k.out_elements) * IO_BYTES * evals / vec
+        io[side] += host_io_s(k, chip) * evals
         kernels.append({"kernel": k.kind, "side": side, "evaluations": evals, "eval_ms": t.total_s * 1e3,
                         "bound": t.bound, "flops": k.cost.total_flops, "bytes": k.cost.bytes_moved,
                         "working_set_bytes": k.cost.working_set_bytes, "spilled_flops": t.spilled_flops,

@@ -137,3 +137,39 @@ def test_orion_runs_the_embedding_dw_on_its_main_thread_and_rescales_gradients()
     params = count_params(_spec().config)
     assert zeroed - queued["predicted_breakdown"]["optimizer_ms"] == pytest.approx(
         ZERO_AND_SCALE_BYTES * params / chip.cpu_vector_bytes_per_s * 1e3)
+
+
+def test_first_dynamic_version_copies_every_weight_into_its_input_before_every_evaluation():
+    """training_dynamic/train.m at 60b0512: nine kernels, fp32 surfaces for the weight-bearing
+    seven, their weights memcpy'd in at every evaluation; sdpaBwd1/2 on fp16 surfaces."""
+    from anelm.bench import maderix_v1
+    from anelm.bench.programs import maderix_v1_kernels
+
+    assert len(maderix_v1.KERNELS) == 9
+    weights = {k: maderix_v1.host_traffic(k, D, F, H, S).get("weights32", 0) for k in maderix_v1.KERNELS}
+    layer_params = 4 * D * D + 3 * D * F
+    assert sum(weights[k] for k in maderix_v1.FORWARD) == layer_params
+    assert sum(weights[k] for k in maderix_v1.BACKWARD) == layer_params
+    assert weights["sdpaBwd1"] == weights["sdpaBwd2"] == 0
+    art = compile_graph(maderix_v1.build("sdpaFwd", D, F, H, S), IN_MEMORY)
+    assert art.signature.inputs[0].dtype == "fp32" and tuple(art.signature.inputs[0].shape) == (1, D, 1, S + 4 * D)
+    assert tuple(art.signature.outputs[0].shape) == (1, 6 * D, 1, S)
+    cost = KernelCost.of(art)
+    assert cost.flops["matmul"] >= 4 * 2 * D * D * S                 # q, k, v and Wo in one program
+    dims = REFERENCES["maderix-stories110m-dynamic-v1"].spec.dims
+    staged = sum(k.weight_elements for k in maderix_v1_kernels(dims))
+    assert staged == 0                                               # nothing restaged after the update
+
+
+def test_weights_copied_every_evaluation_cost_the_io_their_bytes_say():
+    """8 bytes (fp32 read and write) per weight and evaluation at the chip's memory rate: making
+    the memory twice as fast halves exactly the weights' share of the I/O parts."""
+    chip = get_chip("m4")
+    spec = REFERENCES["maderix-stories110m-dynamic-v1"].spec
+    slow = predict_step(spec, chip)["predicted_breakdown"]
+    fast_chip = replace(chip, values={**chip.values, "cpu_dram_bytes_per_s": 2 * chip.cpu_dram_bytes_per_s})
+    fast = predict_step(spec, fast_chip)["predicted_breakdown"]
+    m, layers, accum = spec.dims, spec.config["num_hidden_layers"], spec.accum
+    weights_ms = layers * accum * (4 * m.d * m.d + 3 * m.d * m.f) * 8 / chip.cpu_dram_bytes_per_s * 1e3
+    for side in ("forward", "backward"):
+        assert slow[f"io_{side}_ms"] - fast[f"io_{side}_ms"] == pytest.approx(weights_ms / 2)
