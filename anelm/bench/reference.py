@@ -3,9 +3,10 @@
 The end-to-end figures were measured on other programs than our presets, so each is predicted
 for a configuration that describes the published program (maderix-ane-facts §5-8, orion-facts
 §5): its shapes, its batch and accumulation, the CPU work it does, and what its ms/step counts.
-maderix's dynamic pipeline runs its own ten kernels as they are (bench/maderix.py), its static
-pipeline and Orion their six baked ones (bench/maderix_static.py); what else differs is listed
-in `note`.
+maderix's dynamic pipeline runs its own ten kernels as they are (bench/maderix.py), its first
+dynamic version, on which the published breakdown was timed, its nine (bench/maderix_v1.py), its
+static pipeline and Orion their six baked ones (bench/maderix_static.py), Orion with the CPU side
+its source shows (bench/orion.py); what else differs is listed in `note`.
 """
 
 from __future__ import annotations
