@@ -21,10 +21,10 @@ FORWARD_TRANSPOSED = (("x", "d"), ("wo_out", "d"), ("x2", "d"), ("w2_out", "d"))
 BACKWARD_TRANSPOSED = (("dy", "d"), ("dx_ffn", "d"), ("dh1", "f"), ("dh3", "f"), ("rms2_out", "d"),
                        ("gate", "f"), ("dx2", "d"), ("rms1_out", "d"), ("dq", "d"), ("dk", "d"),
                        ("dv", "d"), ("attn_out", "d"), ("dx_attn", "d"))
-# surface to surface: h1, h3 into ffnBwd; q, k, v into sdpaBwd1; probs, dp, q, k into sdpaBwd2;
-# dq, dk, dv into qkvBwd
-SURFACE_COPIES = (("h1", "f"), ("h3", "f"), ("q", "d"), ("k", "d"), ("v", "d"), ("probs", "sc"),
-                  ("dp", "sc"), ("q", "d"), ("k", "d"), ("dq", "d"), ("dk", "d"), ("dv", "d"))
+# surface to surface: h1, h3 into ffnBwd; q, k, v and dx2 (written transposed into a temporary
+# surface first) into sdpaBwd1; probs, dp, q, k into sdpaBwd2; dq, dk, dv into qkvBwd
+SURFACE_COPIES = (("h1", "f"), ("h3", "f"), ("q", "d"), ("k", "d"), ("v", "d"), ("dx2", "d"),
+                  ("probs", "sc"), ("dp", "sc"), ("q", "d"), ("k", "d"), ("dq", "d"), ("dk", "d"), ("dv", "d"))
 
 # bytes per element: the transposing loop reads and writes fp32 (8) on top of the conversion;
 # charged as one more streaming pass, a lower bound (no source times a strided, clamping loop)

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..train.cpu_ops import matmul_flops
+from . import orion
 from .chips import RMSNORM_BYTES_PER_ELEMENT, Chip
 from .cost import eval_time
-from . import orion
 from .programs import maderix_kernels, maderix_v1_kernels, static_reference_kernels, train_kernels
 
 F32, IO_BYTES = 4, 6          # fp32 bytes; a host<->surface element: fp32 side + fp16 side

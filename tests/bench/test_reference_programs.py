@@ -81,10 +81,10 @@ def test_orion_programs_dispatch_at_its_runtimes_measured_floor():
 def test_orion_moves_what_its_step_transposes_and_copies():
     """Orion:kernels/training/stories_train.m, per layer: forward writes x and x2 and reads wo_out
     and w2_out (4 D-channel tensors); backward transposes ten D-channel and three H-channel
-    tensors, and copies h1, h3, q, k, v, probs, dp, q, k, dq, dk, dv surface to surface."""
+    tensors, and copies h1, h3, q, k, v, dx2, probs, dp, q, k, dq, dk, dv surface to surface."""
     assert orion.transposed_elements("forward", D, F, H, S) == 4 * D * S
     assert orion.transposed_elements("backward", D, F, H, S) == (10 * D + 3 * F) * S
-    copies = (2 * F + 8 * D + 2 * H * S) * S
+    copies = (2 * F + 9 * D + 2 * H * S) * S
     per_element = IO_BYTES + orion.TRANSPOSE_PASS_BYTES
     assert orion.host_io_bytes("forward", D, F, H, S, IO_BYTES) == 4 * D * S * per_element
     assert orion.host_io_bytes("backward", D, F, H, S, IO_BYTES) == (
