@@ -20,7 +20,9 @@ CONSTANTS = ("conv_fp16_flops", "int8_ops", "matmul_flops", "dispatch_s", "worki
              "spill_slowdown", "ane_bytes_per_s", "compile_s", "cpu_sgemm_flops",
              "cpu_vector_bytes_per_s", "cpu_dram_bytes_per_s", "ane_transcendental_per_s",
              "ane_softmax_per_s", "ane_reduce_per_s", "cpu_exp_s")
-OPTIONAL = ("orion_dispatch_s",)  # per-evaluation floor on another runtime's path, where published
+# where published: the per-evaluation floor on another runtime's path; the cost per logit of a
+# scalar (not vectorised) CPU cross-entropy, as Orion's is
+OPTIONAL = ("orion_dispatch_s", "cpu_scalar_ce_s")
 RMSNORM_BYTES_PER_ELEMENT = 32  # fp32: forward reads x twice, writes y; backward reads 4, writes dx
 CPU_STREAM_BYTES_PER_ELEMENT = 8  # ANEForge's CPU streaming pass (relu / x*2): read and write fp32
 
@@ -138,6 +140,7 @@ FIT_RULES = {
     "ane_softmax_per_s": _vector_rate,
     "ane_reduce_per_s": _vector_rate,
     "cpu_exp_s": _cpu_exp,
+    "cpu_scalar_ce_s": _cpu_exp,
     "cpu_sgemm_flops": _cpu_gemm_rate,
     "cpu_stream": _cpu_stream_bandwidth,
     "orion_dispatch_s": _eval_floor,

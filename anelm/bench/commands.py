@@ -191,7 +191,8 @@ def validate_cmd(**_):
         lines.append(f"  predicted order {', '.join(b['predicted_order'])} (Spearman {b['spearman']:.2f})")
     lines.append(f"held out within ±{100 * AGREEMENT:.0f} %: {sum(_agrees(r) for r in _held(v))} of {len(_held(v))}; "
                  "notes (what the model does not know, which figures disagree):")
-    lines += [f"- {r['name']} ({100 * r['error']:+.1f} %): {r['note']}" for r in _held(v) if r["note"]]
+    lines += [f"- {r['name']} ({100 * r['error']:+.1f} %): {r['note']}" for r in v["figures"]
+              if r["kind"] != "microbenchmark" and r["note"]]
     lines += [f"- {b['name']}: {b['note']}" for b in v["breakdown_ranks"] if b["note"]]
     return v, lines, None
 

@@ -41,6 +41,11 @@ KERNELS = FORWARD + BACKWARD
 def _dyn_matmul(b, x, ic: int, s: int, act_col: int, w_col: int, oc: int, name: str):
     """y `[1, OC, 1, S]` = Wᵀ·act for W `[IC, OC]` packed beside act in x (§4 steps 1-6)."""
     act = b.slice_by_size(x, [0, 0, 0, act_col], [1, ic, 1, s], name=f"{name}_a")
+    return times_packed_weight(b, act, x, ic, s, w_col, oc, name)
+
+
+def times_packed_weight(b, act, x, ic: int, s: int, w_col: int, oc: int, name: str):
+    """y `[1, OC, 1, S]` = Wᵀ·act for an activation `[1, IC, 1, S]` and W `[IC, OC]` in x's columns."""
     w = b.slice_by_size(x, [0, 0, 0, w_col], [1, ic, 1, oc], name=f"{name}_w")
     act = b.transpose(b.reshape(act, [1, 1, ic, s], name=f"{name}_ar"), [0, 1, 3, 2], name=f"{name}_at")  # (1,1,S,IC)
     w = b.reshape(w, [1, 1, ic, oc], name=f"{name}_wr")                                                    # (1,1,IC,OC)
@@ -85,12 +90,30 @@ def _consts(b, s: int, hd: int):
     return b.weight("mask", mask), b.weight("cos", table), b.weight("sin", table)
 
 
-def build(kind: str, d: int, f: int, hq: int, hkv: int, hd: int, s: int, layers: int):
-    """The graph of maderix kernel `kind` at these shapes."""
+def packed_input(b, shape, io_dtype: str = "fp16"):
+    """The one input `x`; an fp32 surface is cast to fp16 on entry (maderix-ane-facts §1.3)."""
+    x = b.input("x", shape, io_dtype)
+    return x if io_dtype == "fp16" else b.cast(x, "fp16", name="x16")
+
+
+def packed_output(b, outs, io_dtype: str = "fp16"):
+    """Every result concatenated on the channel axis into `out`, cast back for an fp32 surface."""
+    out = outs[0] if len(outs) == 1 else b.concat(outs, axis=1, name="cat")
+    b.output("out", out if io_dtype == "fp16" else b.cast(out, "fp32", name="out32"))
+    return b.build()
+
+
+def build(kind: str, d: int, f: int, hq: int, hkv: int, hd: int, s: int, layers: int, io_dtype: str = "fp16"):
+    """The graph of maderix kernel `kind` at these shapes; `io_dtype` "fp32": its surfaces are
+    fp32, as in the first dynamic version's weight-bearing kernels (bench/maderix_v1.py)."""
     q, kv, sc, alpha = hq * hd, hkv * hd, hq * s, 1 / np.sqrt(2 * layers)
     b = GraphBuilder(kind)
+
+    def inp(shape):
+        return packed_input(b, shape, io_dtype)
+
     if kind == "sdpaFwd":
-        x = b.input("x", [1, d, 1, s + q + 2 * kv])
+        x = inp([1, d, 1, s + q + 2 * kv])
         mask, cos, sin = _consts(b, s, hd)
         qq = _dyn_matmul(b, x, d, s, 0, s, q, "q")
         kk = _dyn_matmul(b, x, d, s, 0, s + q, kv, "k")
@@ -103,10 +126,10 @@ def build(kind: str, d: int, f: int, hq: int, hkv: int, hd: int, s: int, layers:
         xn = b.slice_by_size(x, [0, 0, 0, 0], [1, d, 1, s], name="xn")
         outs = [_flat(b, att, hq, hd, s, "attn"), _flat(b, qr, hq, hd, s, "qro"), _flat(b, kr, hkv, hd, s, "kro"), vv, xn]
     elif kind in ("woFwd", "qBwd"):
-        x = b.input("x", [1, q, 1, s + d])
+        x = inp([1, q, 1, s + d])
         outs = [_dyn_matmul(b, x, q, s, 0, s, d, "y")]
     elif kind == "ffnFused":
-        x = b.input("x", [1, d, 1, 2 * s + 3 * f])
+        x = inp([1, d, 1, 2 * s + 3 * f])
         h1 = _dyn_matmul(b, x, d, s, 0, 2 * s, f, "h1")
         h3 = _dyn_matmul(b, x, d, s, 0, 2 * s + f, f, "h3")
         gate = b.mul(b.mul(h1, b.sigmoid(h1, name="sg"), name="silu"), h3, name="gate")
@@ -117,17 +140,17 @@ def build(kind: str, d: int, f: int, hq: int, hkv: int, hd: int, s: int, layers:
         x2 = b.slice_by_size(x, [0, 0, 0, s], [1, d, 1, s], name="x2")
         outs = [b.add(x2, b.mul(ffn, b.scalar(alpha), name="af"), name="xnext"), h1, h3, gate]
     elif kind == "ffnBwdW2t":
-        x = b.input("x", [1, d, 1, s + f])
+        x = inp([1, d, 1, s + f])
         outs = [_dyn_matmul(b, x, d, s, 0, s, f, "dgate")]
     elif kind in ("ffnBwdW13t", "kvBwd"):
         ic = f if kind == "ffnBwdW13t" else kv
-        x = b.input("x", [1, ic, 1, 2 * s + 2 * d])
+        x = inp([1, ic, 1, 2 * s + 2 * d])
         outs = [b.add(_dyn_matmul(b, x, ic, s, 0, 2 * s, d, "a"), _dyn_matmul(b, x, ic, s, s, 2 * s + d, d, "b"), name="dx")]
     elif kind == "wotBwd":
-        x = b.input("x", [1, d, 1, s + q])
+        x = inp([1, d, 1, s + q])
         outs = [_dyn_matmul(b, x, d, s, 0, s, q, "da")]
     elif kind == "sdpaBwd1":
-        x = b.input("x", [1, 4 * q, 1, s])
+        x = inp([1, 4 * q, 1, s])
         mask, _, _ = _consts(b, s, hd)
         qh, kh, vh, dah = (_heads(b, b.slice_by_size(x, [0, i * q, 0, 0], [1, q, 1, s], name=f"in{i}"), hq, hd, s, f"h{i}")
                            for i in range(4))
@@ -136,7 +159,7 @@ def build(kind: str, d: int, f: int, hq: int, hkv: int, hd: int, s: int, layers:
         dp = b.matmul(dah, vh, transpose_y=True, name="dp")
         outs = [_flat(b, dv, hq, hd, s, "dvo"), b.reshape(p, [1, sc, 1, s], name="po"), b.reshape(dp, [1, sc, 1, s], name="dpo")]
     elif kind == "sdpaBwd2":
-        x = b.input("x", [1, 2 * sc + 2 * q, 1, s])
+        x = inp([1, 2 * sc + 2 * q, 1, s])
         p = b.reshape(b.slice_by_size(x, [0, 0, 0, 0], [1, sc, 1, s], name="pi"), [1, hq, s, s], name="p")
         dp = b.reshape(b.slice_by_size(x, [0, sc, 0, 0], [1, sc, 1, s], name="dpi"), [1, hq, s, s], name="dp")
         qh, kh = (_heads(b, b.slice_by_size(x, [0, 2 * sc + i * q, 0, 0], [1, q, 1, s], name=f"in{i}"), hq, hd, s, f"h{i}")
@@ -147,8 +170,7 @@ def build(kind: str, d: int, f: int, hq: int, hkv: int, hd: int, s: int, layers:
                 _flat(b, b.matmul(ds, qh, transpose_x=True, name="dk"), hq, hd, s, "dko")]
     else:
         raise ValueError(f"unknown maderix kernel {kind!r}; expected one of {', '.join(KERNELS)}")
-    b.output("out", outs[0] if len(outs) == 1 else b.concat(outs, axis=1, name="cat"))
-    return b.build()
+    return packed_output(b, outs, io_dtype)
 
 
 def io_elements(kind: str, d: int, f: int, hq: int, hkv: int, hd: int, s: int) -> tuple[int, int, int]:

@@ -14,9 +14,8 @@ both RMSNorm backwards, every dW and the optimizer (step_model.py reads that fro
     sdpaBwd2   probs, dp, Q, K           dQ D, dK D                   (no weights)
     qkvBwd     dq, dk, dv (3D)           dx D
 
-Orion's programs are the same six with multi-output surfaces instead of one concat; its outputs
-share one allocation size (orion-facts §3.2), so every output surface of a program is as large
-as its largest (`uniform_outputs`).
+Orion's programs are the same six with multi-output surfaces instead of one concat; what its
+CPU moves to and from them is counted from its own step (bench/orion.py).
 """
 
 from __future__ import annotations
@@ -94,14 +93,13 @@ def build(kind: str, d: int, f: int, heads: int, s: int):
     return b.build()
 
 
-def io_elements(kind: str, d: int, f: int, heads: int, s: int, uniform_outputs: bool = False) -> tuple[int, int]:
+def io_elements(kind: str, d: int, f: int, heads: int, s: int) -> tuple[int, int]:
     """(elements the host writes, elements it reads back) per evaluation. As for the dynamic
     pipeline (maderix.io_elements), sdpaBwd1's probs and dp are counted read there and written
-    into sdpaBwd2. `uniform_outputs`: every output surface as large as the program's largest."""
+    into sdpaBwd2."""
     sc = heads * s
     outs = {"fwdAttn": [d] * 6, "fwdFFN": [d, f, f, f, d], "ffnBwd": [d, f, f], "sdpaBwd1": [d, sc, sc],
             "sdpaBwd2": [d, d], "qkvBwd": [d]}[kind]
     ins = {"fwdAttn": d, "fwdFFN": d, "ffnBwd": d + 2 * f, "sdpaBwd1": 4 * d, "sdpaBwd2": 2 * sc + 2 * d,
            "qkvBwd": 3 * d}[kind]
-    read = len(outs) * max(outs) if uniform_outputs else sum(outs)
-    return ins * s, read * s
+    return ins * s, sum(outs) * s

@@ -100,6 +100,8 @@ class StepKernel:
     act_in_elements: int    # activation columns the host writes per evaluation
     out_elements: int       # results the host reads back per evaluation
     weight_elements: int    # weight columns restaged per update (dynamic) or baked (static)
+    host_traffic: tuple[tuple[str, int], ...] = ()  # elements by how the CPU moves them, where the
+                                                    # program's surfaces are not all fp16 (step_model.HOST_BYTES)
 
 
 def train_kernels(dims, pipeline: str) -> list[StepKernel]:
@@ -138,7 +140,22 @@ def maderix_kernels(dims, layers: int) -> list[StepKernel]:
     return out
 
 
-def static_reference_kernels(dims, uniform_outputs: bool = False) -> list[StepKernel]:
+def maderix_v1_kernels(dims) -> list[StepKernel]:
+    """The nine kernels of maderix's first dynamic version (anelm/bench/maderix_v1.py), compiled;
+    its weights go into the inputs at every evaluation (host_traffic), none after the update."""
+    from . import maderix, maderix_v1
+
+    shape = (dims.d, dims.f, dims.hq, dims.s)
+    out = []
+    for kind in maderix_v1.KERNELS:
+        cost, _ = compiled(("maderix_v1", kind, shape), lambda kind=kind: maderix_v1.build(kind, *shape),
+                           maderix.IN_MEMORY)
+        traffic = tuple(sorted(maderix_v1.host_traffic(kind, *shape).items()))
+        out.append(StepKernel(kind, cost, kind in maderix_v1.FORWARD, 0, 0, 0, traffic))
+    return out
+
+
+def static_reference_kernels(dims) -> list[StepKernel]:
     """The six baked programs of maderix's static pipeline and Orion (anelm/bench/maderix_static.py)."""
     from . import maderix, maderix_static
 
@@ -147,7 +164,7 @@ def static_reference_kernels(dims, uniform_outputs: bool = False) -> list[StepKe
     for kind in maderix_static.KERNELS:
         cost, _ = compiled(("maderix_static", kind, shape), lambda kind=kind: maderix_static.build(kind, *shape),
                            maderix.IN_MEMORY)
-        acts, outs = maderix_static.io_elements(kind, *shape, uniform_outputs)
+        acts, outs = maderix_static.io_elements(kind, *shape)
         out.append(StepKernel(kind, cost, kind in maderix_static.FORWARD, acts, outs,
                               int(kind in maderix_static.WEIGHTED)))
     return out

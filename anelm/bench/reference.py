@@ -3,9 +3,10 @@
 The end-to-end figures were measured on other programs than our presets, so each is predicted
 for a configuration that describes the published program (maderix-ane-facts §5-8, orion-facts
 §5): its shapes, its batch and accumulation, the CPU work it does, and what its ms/step counts.
-maderix's dynamic pipeline runs its own ten kernels as they are (bench/maderix.py), its static
-pipeline and Orion their six baked ones (bench/maderix_static.py); what else differs is listed
-in `note`.
+maderix's dynamic pipeline runs its own ten kernels as they are (bench/maderix.py), its first
+dynamic version, on which the published breakdown was timed, its nine (bench/maderix_v1.py), its
+static pipeline and Orion their six baked ones (bench/maderix_static.py), Orion with the CPU side
+its source shows (bench/orion.py); what else differs is listed in `note`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ REFERENCES: dict[str, Reference] = {
         StepSpec(_stories(), pipeline="dynamic", classifier_rows=COMPACT_VOCAB, **_DYNAMIC), True,
         "maderix training_dynamic: its 10 kernels per layer as they are (bench/maderix.py), weights in "
         "the inputs, RoPE forward in the kernel, classifier and CE over the ~9.2K ids the data uses, 1x256 tokens, accum 10"),
+    "maderix-stories110m-dynamic-v1": Reference(
+        StepSpec(_stories(), pipeline="dynamic", classifier_rows=COMPACT_VOCAB, rope=False,
+                 **dict(_MADERIX, kernels="maderix-v1")), True,
+        "maderix's first dynamic version (bench/maderix_v1.py), the program its step breakdown was "
+        "timed on: nine kernels, fp32 surfaces for the weight-bearing ones, every weight copied "
+        "into its kernel's input before every evaluation, no RoPE, compact vocabulary, accum 10"),
     "maderix-stories110m-static": Reference(
         StepSpec(_stories(), **_MADERIX, **_BAKED), True,
         "maderix train_large: its six baked programs per layer as they are (bench/maderix_static.py: "
@@ -63,10 +70,13 @@ REFERENCES: dict[str, Reference] = {
         "compact vocabulary, tied embedding"),
     "orion-stories110m": Reference(
         StepSpec(_stories(), seq_len=256, batch=1, accum=4, qk_norm=False, accumulate_pass=False,
-                 uniform_outputs=True, **_BAKED), False,
-        "Orion: maderix's six baked programs per layer with multi-output surfaces of one size, "
-        "fp16 I/O clamped to +-65504, full-vocab CPU classifier, no RoPE, grad accum 4; train "
-        "ms/step without the weight reload", runtime="orion"),
+                 transposing_io=True, scalar_cross_entropy=True, classifier_dw_on_main=True,
+                 zero_and_scale_grads=True, **_BAKED), False,
+        "Orion: maderix's six baked programs per layer, fp16 I/O through transposing, clamping "
+        "copies from its [S, C] CPU arrays (bench/orion.py), a scalar cross-entropy and the "
+        "embedding's dW on the main thread, full-vocab CPU classifier, no RoPE, grad accum 4; "
+        "train ms/step (zeroing, micro-steps, 1/accum scaling, Adam) without the weight reload",
+        runtime="orion"),
 }
 
 
@@ -99,10 +109,14 @@ def predict_figure(fig: dict) -> float:
         return 2 * p["n"] ** 3 / chip.cpu_sgemm_flops * 1e3
     if kind == "cpu_softmax":
         return p["rows"] * p["cols"] * chip.cpu_exp_s * 1e3
+    if kind == "cpu_scalar_ce":
+        return p["rows"] * p["cols"] * chip.cpu_scalar_ce_s * 1e3
     if kind == "cpu_rmsnorm":
         return p["norms"] * RMSNORM_BYTES_PER_ELEMENT * p["dim"] * p["tokens"] / chip.cpu_vector_bytes_per_s * 1e3
     if kind == "train":
         return predict_reference(p["reference"], fig["chip"])["predicted_step_ms"]
+    if kind == "train_part":  # one published part of a step, in the model's breakdown keys
+        return predict_reference(p["reference"], fig["chip"])["predicted_breakdown"][p["part"]]
     if kind == "decode":
         return predict_orion_decode(on_runtime(chip, "orion")) * 1e3
     if kind == "eval_floor":

@@ -12,7 +12,9 @@ Per micro-step, as the trainer (anelm/train/step.py) and maderix's dynamic pipel
 
 maderix's static pipeline and Orion (`kernels="static-reference"`) run their six baked programs
 instead, with the forward norms and the SwiGLU backward inside them and no RoPE anywhere; their
-CPU keeps the residuals, the classifier, the norm backwards, dW and the optimizer.
+CPU keeps the residuals, the classifier, the norm backwards, dW and the optimizer. Orion's CPU
+does that its own way (bench/orion.py): transposing copies to and from its `[S, C]` arrays, a
+scalar cross-entropy, the embedding's dW on the main thread, gradients zeroed and rescaled.
 
 Device time comes from the compiled kernels (cost.py). CPU time comes from the chip's published
 CPU figures: sgemm FLOPs at `cpu_sgemm_flops`, elementwise passes as fp32 bytes at
@@ -24,15 +26,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import UsageError
 from ..train.cpu_ops import matmul_flops
+from . import orion
 from .chips import RMSNORM_BYTES_PER_ELEMENT, Chip
 from .cost import eval_time
-from .programs import maderix_kernels, static_reference_kernels, train_kernels
+from .programs import maderix_kernels, maderix_v1_kernels, static_reference_kernels, train_kernels
 
 F32, IO_BYTES = 4, 6          # fp32 bytes; a host<->surface element: fp32 side + fp16 side
 RMS_FWD = 12                  # of RMSNORM_BYTES_PER_ELEMENT: the forward's share (read 2, write 1)
 ADAMW_BYTES = 28              # per parameter: read p, g, m, v; write p, m, v (fp32)
 ACCUMULATE_BYTES = 12         # per parameter and extra micro-step: read acc, g; write acc
+ZERO_AND_SCALE_BYTES = 12     # per parameter and step: memset g (4), g *= 1/accum (read 4, write 4)
+# host traffic by how it moves (StepKernel.host_traffic): (bytes per element, rate constant).
+# Weights copied into an input at every evaluation stream from DRAM (tens of MB a layer, past the
+# caches), as the decode model's CPU classifier reads its table (gen_model.py)
+HOST_BYTES = {"convert": (IO_BYTES, "cpu_vector_bytes_per_s"), "copy32": (8, "cpu_vector_bytes_per_s"),
+              "copy16": (4, "cpu_vector_bytes_per_s"), "weights32": (8, "cpu_dram_bytes_per_s")}
 
 
 @dataclass(frozen=True)
@@ -58,7 +68,13 @@ class StepSpec:
     rope: bool = True                    # False: the program has no rotary embedding anywhere
     cpu_norm_forward: bool = True
     cpu_swiglu_backward: bool = True
-    uniform_outputs: bool = False        # Orion: every output surface as large as the largest
+    # Orion (bench/orion.py): [S, C] CPU arrays, so each tensor crossing a surface is transposed;
+    # a scalar cross-entropy; the classifier's dW on the main thread; the gradients zeroed and
+    # scaled by 1/accum every step
+    transposing_io: bool = False
+    scalar_cross_entropy: bool = False
+    classifier_dw_on_main: bool = False
+    zero_and_scale_grads: bool = False
 
     @property
     def dims(self):
@@ -76,6 +92,23 @@ def _params(c: dict) -> int:
     return count_params(c)
 
 
+def host_io_s(k, chip: Chip) -> float:
+    """Seconds the CPU spends moving one evaluation's inputs and results."""
+    if not k.host_traffic:
+        return (k.act_in_elements + k.out_elements) * IO_BYTES / chip.cpu_vector_bytes_per_s
+    return sum(n * HOST_BYTES[how][0] / chip.values[HOST_BYTES[how][1]] for how, n in k.host_traffic)
+
+
+def _cross_entropy_s(spec: StepSpec, chip: Chip) -> float:
+    """Seconds per logit of the cross-entropy pass (softmax, loss, gradient)."""
+    if not spec.scalar_cross_entropy:
+        return chip.cpu_exp_s
+    if "cpu_scalar_ce_s" not in chip.values:
+        raise UsageError(f"chip {chip.key} has no published scalar cross-entropy cost (cpu_scalar_ce_s); "
+                         "expected a chip whose data-file entry names one")
+    return chip.values["cpu_scalar_ce_s"]
+
+
 def predict_step(spec: StepSpec, chip: Chip) -> dict:
     """Predicted time of one optimizer step, its additive breakdown and the per-kernel table."""
     m, c = spec.dims, spec.config
@@ -86,18 +119,21 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     vec = chip.cpu_vector_bytes_per_s
     kernels, dev = [], {"forward": 0.0, "backward": 0.0}
     io = {"forward": 0.0, "backward": 0.0}
-    ks = {"maderix": lambda: maderix_kernels(m, layers),
-          "static-reference": lambda: static_reference_kernels(m, spec.uniform_outputs)}.get(
+    ks = {"maderix": lambda: maderix_kernels(m, layers), "maderix-v1": lambda: maderix_v1_kernels(m),
+          "static-reference": lambda: static_reference_kernels(m)}.get(
         spec.kernels, lambda: train_kernels(m, spec.pipeline))()
     for k in ks:
         t = eval_time(k.cost, chip)
         side = "forward" if k.forward else "backward"
         dev[side] += t.total_s * evals
-        io[side] += (k.act_in_elements + k.out_elements) * IO_BYTES * evals / vec
+        io[side] += host_io_s(k, chip) * evals
         kernels.append({"kernel": k.kind, "side": side, "evaluations": evals, "eval_ms": t.total_s * 1e3,
                         "bound": t.bound, "flops": k.cost.total_flops, "bytes": k.cost.bytes_moved,
                         "working_set_bytes": k.cost.working_set_bytes, "spilled_flops": t.spilled_flops,
                         "_weights": k.weight_elements})
+    if spec.transposing_io:
+        io = {side: layers * spec.batch * orion.host_io_bytes(side, m.d, m.f, m.hq, m.s, IO_BYTES) / vec
+              for side in io}
     qkv = m.q + m.kv
     rms_fwd = layers * 2 * RMS_FWD * m.d * n / vec if spec.cpu_norm_forward else 0.0
     rms_bwd = layers * 2 * (RMSNORM_BYTES_PER_ELEMENT - RMS_FWD) * m.d * n / vec
@@ -109,16 +145,21 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
                               + (8 * (2 * m.d + qkv) if spec.clamp_inputs else 0) + (12 * qkv if qk else 0)) / vec
     other_bwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.rope else 0) + (20 * qkv if qk else 0)) / vec
     # final norm and embedding gather as bytes; the cross-entropy's softmax over the vocabulary
-    # as the chip's CPU softmax per element
-    head_vec = (RMSNORM_BYTES_PER_ELEMENT * m.d + 16 * m.d) * n / vec + vocab * n * chip.cpu_exp_s
+    # as the chip's CPU softmax per element, or a scalar cross-entropy's measured cost
+    head_vec = (RMSNORM_BYTES_PER_ELEMENT * m.d + 16 * m.d) * n / vec + vocab * n * _cross_entropy_s(spec, chip)
+    classifier_dw = matmul_flops(vocab, m.d, n) / chip.cpu_sgemm_flops
     classifier = 2 * matmul_flops(vocab, m.d, n) / chip.cpu_sgemm_flops + head_vec
-    dw = (layers * (matmul_flops(m.d, n, 2 * m.q + 2 * m.kv) + matmul_flops(m.d, n, 3 * m.f))
-          + matmul_flops(vocab, m.d, n)) / chip.cpu_sgemm_flops
+    dw = layers * (matmul_flops(m.d, n, 2 * m.q + 2 * m.kv) + matmul_flops(m.d, n, 3 * m.f)) / chip.cpu_sgemm_flops
+    if spec.classifier_dw_on_main:
+        classifier += classifier_dw
+    else:
+        dw += classifier_dw
     bwd_main = dev["backward"] + io["backward"] + swiglu + rms_bwd + other_bwd
     dw_exposed = max(0.0, dw - bwd_main)
     p = _params(c)
     accumulate = ACCUMULATE_BYTES * p * (spec.accum - 1) if spec.accumulate_pass else 0
-    optimizer = (ADAMW_BYTES * p + accumulate) / vec
+    grad_passes = ZERO_AND_SCALE_BYTES * p if spec.zero_and_scale_grads else 0
+    optimizer = (ADAMW_BYTES * p + accumulate + grad_passes) / vec
     restage = recompile = 0.0
     if spec.pipeline == "dynamic":
         restage = layers * sum(k.pop("_weights") for k in kernels) * IO_BYTES / vec

@@ -4,13 +4,15 @@ from dataclasses import replace
 
 import pytest
 
-from anelm.bench import maderix_static
+from anelm.bench import maderix_static, orion
 from anelm.bench.chips import Chip, get_chip, on_runtime
 from anelm.bench.cost import KernelCost
 from anelm.bench.gen_model import predict_orion_decode
 from anelm.bench.maderix import IN_MEMORY
 from anelm.bench.reference import REFERENCES, predict_reference
-from anelm.bench.step_model import predict_step
+from anelm.bench.step_model import IO_BYTES, ZERO_AND_SCALE_BYTES, StepSpec, predict_step
+from anelm.errors import UsageError
+from anelm.train.presets import count_params
 from anelm.compiler.pipeline import compile_graph
 
 D, F, H, S = 64, 128, 4, 32
@@ -34,7 +36,6 @@ def test_static_programs_count_their_convs_and_outputs_as_published():
     assert dict(bwd.vector_elements)["transcendental"] == F * S
     assert tuple(art.signature.outputs[0].shape) == (1, D + 2 * F, 1, S)
     assert maderix_static.io_elements("fwdFFN", D, F, H, S) == (D * S, (2 * D + 3 * F) * S)
-    assert maderix_static.io_elements("fwdFFN", D, F, H, S, uniform_outputs=True) == (D * S, 5 * F * S)
 
 
 def test_baked_programs_leave_the_swiglu_backward_and_forward_norms_off_the_cpu():
@@ -75,3 +76,100 @@ def test_orion_programs_dispatch_at_its_runtimes_measured_floor():
     evals = 24  # two programs per GPT-2 layer
     assert predict_orion_decode(orion) - predict_orion_decode(mx) == pytest.approx(
         evals * (orion.dispatch_s - mx.dispatch_s), rel=1e-6)
+
+
+def test_orion_moves_what_its_step_transposes_and_copies():
+    """Orion:kernels/training/stories_train.m, per layer: forward writes x and x2 and reads wo_out
+    and w2_out (4 D-channel tensors); backward transposes ten D-channel and three H-channel
+    tensors, and copies h1, h3, q, k, v, dx2, probs, dp, q, k, dq, dk, dv surface to surface."""
+    assert orion.transposed_elements("forward", D, F, H, S) == 4 * D * S
+    assert orion.transposed_elements("backward", D, F, H, S) == (10 * D + 3 * F) * S
+    copies = (2 * F + 9 * D + 2 * H * S) * S
+    per_element = IO_BYTES + orion.TRANSPOSE_PASS_BYTES
+    assert orion.host_io_bytes("forward", D, F, H, S, IO_BYTES) == 4 * D * S * per_element
+    assert orion.host_io_bytes("backward", D, F, H, S, IO_BYTES) == (
+        (10 * D + 3 * F) * S * per_element + copies * orion.SURFACE_COPY_BYTES)
+
+
+def _spec(**kw):
+    config = {"hidden_size": D, "intermediate_size": F, "num_attention_heads": H, "num_key_value_heads": H,
+              "num_hidden_layers": 2, "vocab_size": 512, "model_type": "llama", "rms_norm_eps": 1e-5,
+              "tie_word_embeddings": True, "max_position_embeddings": S}
+    base = dict(seq_len=S, accum=2, qk_norm=False, accumulate_pass=False, kernels="static-reference",
+                pipeline="static", count_recompile=False, rope=False, cpu_norm_forward=False,
+                cpu_swiglu_backward=False)
+    return StepSpec(config, **{**base, **kw})
+
+
+def test_each_transposing_copy_costs_its_conversion_and_one_more_pass():
+    """k transposed elements cost k conversions plus k fp32 passes; the surface copies add theirs."""
+    chip = get_chip("m4-max")
+    packed = predict_step(_spec(), chip)["predicted_breakdown"]
+    moved = predict_step(_spec(transposing_io=True), chip)["predicted_breakdown"]
+    vec, layers, accum = chip.cpu_vector_bytes_per_s, 2, 2
+    for side in ("forward", "backward"):
+        want = layers * accum * orion.host_io_bytes(side, D, F, H, S, IO_BYTES) / vec * 1e3
+        assert moved[f"io_{side}_ms"] == pytest.approx(want)
+    assert moved["device_forward_ms"] == pytest.approx(packed["device_forward_ms"])
+
+
+def test_scalar_cross_entropy_costs_what_maderix_measured_per_logit():
+    """110 ms for 32000 x 256 logits as scalar C, 14 ms with vDSP (maderix-ane-facts 10.1)."""
+    m4, mx = get_chip("m4"), get_chip("m4-max")
+    assert m4.cpu_scalar_ce_s * 32000 * 256 == pytest.approx(110e-3, rel=1e-4)
+    assert mx.cpu_scalar_ce_s == m4.cpu_scalar_ce_s          # the same P-core
+    vector = predict_step(_spec(), mx)["predicted_breakdown"]["classifier_ms"]
+    scalar = predict_step(_spec(scalar_cross_entropy=True), mx)["predicted_breakdown"]["classifier_ms"]
+    logits = 512 * S * 2                                      # vocabulary x positions x micro-steps
+    assert scalar - vector == pytest.approx(logits * (mx.cpu_scalar_ce_s - mx.cpu_exp_s) * 1e3)
+    with pytest.raises(UsageError, match="scalar cross-entropy"):
+        predict_step(_spec(scalar_cross_entropy=True), get_chip("m5"))
+
+
+def test_orion_runs_the_embedding_dw_on_its_main_thread_and_rescales_gradients():
+    chip = get_chip("m4-max")
+    queued = predict_step(_spec(), chip)
+    main = predict_step(_spec(classifier_dw_on_main=True), chip)
+    dw_ms = 2 * 512 * D * S / chip.cpu_sgemm_flops * 1e3 * 2
+    assert main["predicted_breakdown"]["classifier_ms"] - queued["predicted_breakdown"]["classifier_ms"] == pytest.approx(dw_ms)
+    assert queued["predicted_dw_ms"] - main["predicted_dw_ms"] == pytest.approx(dw_ms)
+    zeroed = predict_step(_spec(zero_and_scale_grads=True), chip)["predicted_breakdown"]["optimizer_ms"]
+    params = count_params(_spec().config)
+    assert zeroed - queued["predicted_breakdown"]["optimizer_ms"] == pytest.approx(
+        ZERO_AND_SCALE_BYTES * params / chip.cpu_vector_bytes_per_s * 1e3)
+
+
+def test_first_dynamic_version_copies_every_weight_into_its_input_before_every_evaluation():
+    """training_dynamic/train.m at 60b0512: nine kernels, fp32 surfaces for the weight-bearing
+    seven, their weights memcpy'd in at every evaluation; sdpaBwd1/2 on fp16 surfaces."""
+    from anelm.bench import maderix_v1
+    from anelm.bench.programs import maderix_v1_kernels
+
+    assert len(maderix_v1.KERNELS) == 9
+    weights = {k: maderix_v1.host_traffic(k, D, F, H, S).get("weights32", 0) for k in maderix_v1.KERNELS}
+    layer_params = 4 * D * D + 3 * D * F
+    assert sum(weights[k] for k in maderix_v1.FORWARD) == layer_params
+    assert sum(weights[k] for k in maderix_v1.BACKWARD) == layer_params
+    assert weights["sdpaBwd1"] == weights["sdpaBwd2"] == 0
+    art = compile_graph(maderix_v1.build("sdpaFwd", D, F, H, S), IN_MEMORY)
+    assert art.signature.inputs[0].dtype == "fp32" and tuple(art.signature.inputs[0].shape) == (1, D, 1, S + 4 * D)
+    assert tuple(art.signature.outputs[0].shape) == (1, 6 * D, 1, S)
+    cost = KernelCost.of(art)
+    assert cost.flops["matmul"] >= 4 * 2 * D * D * S                 # q, k, v and Wo in one program
+    dims = REFERENCES["maderix-stories110m-dynamic-v1"].spec.dims
+    staged = sum(k.weight_elements for k in maderix_v1_kernels(dims))
+    assert staged == 0                                               # nothing restaged after the update
+
+
+def test_weights_copied_every_evaluation_cost_the_io_their_bytes_say():
+    """8 bytes (fp32 read and write) per weight and evaluation at the chip's memory rate: making
+    the memory twice as fast halves exactly the weights' share of the I/O parts."""
+    chip = get_chip("m4")
+    spec = REFERENCES["maderix-stories110m-dynamic-v1"].spec
+    slow = predict_step(spec, chip)["predicted_breakdown"]
+    fast_chip = replace(chip, values={**chip.values, "cpu_dram_bytes_per_s": 2 * chip.cpu_dram_bytes_per_s})
+    fast = predict_step(spec, fast_chip)["predicted_breakdown"]
+    m, layers, accum = spec.dims, spec.config["num_hidden_layers"], spec.accum
+    weights_ms = layers * accum * (4 * m.d * m.d + 3 * m.d * m.f) * 8 / chip.cpu_dram_bytes_per_s * 1e3
+    for side in ("forward", "backward"):
+        assert slow[f"io_{side}_ms"] - fast[f"io_{side}_ms"] == pytest.approx(weights_ms / 2)
