@@ -53,7 +53,8 @@ _BLOCK = 1 << 22  # products formed at once by the fixed-point path (float64: 32
 def accumulated(op: str, compute: Callable, dtype: str, profile: ChipProfile) -> Callable:
     """`compute` for op `op` with a `dtype` result, as this profile's accumulator computes it.
 
-    The one place the profile's accumulator fields are read; ops without an accumulator, and
+    The one place the profile's accumulator fields are read (but for the one-column fp32 path
+    of `emulator_matvec`, which applies the same limit); ops without an accumulator, and
     results that are not fp16, come back unchanged.
     """
     limit, kind = profile.accumulator_limit, profile.accumulator

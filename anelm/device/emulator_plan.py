@@ -22,6 +22,7 @@ from ..ir.ops_common import dims
 from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var, storage_dtype
 from .emulator_accum import accumulated
 from .emulator_int8 import Int8State, drop_bypassed, note, rewrite
+from .emulator_matvec import ResidentWeight, resident_conv
 from .fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted
 from .overflow import Overflow
 
@@ -197,6 +198,7 @@ class _Builder:
         self.plan = Plan(list(func.inputs), list(func.outputs), {})
         self.blobs: dict[str, bytes] = {}
         self.int8 = Int8State()  # int8 weights and activations seen so far (emulator_int8)
+        self.resident: dict[str, ResidentWeight] = {}  # conv weights held fp16 for the decode path
 
     def build(self) -> Plan:
         p = self.plan
@@ -309,6 +311,9 @@ class _Builder:
         int8 = rewrite(self.int8, st.op, tensors, params, pr.quantize_rounding, pr.accumulator_limit, pr.accumulator)
         if int8 is not None:  # int8 weights stay int8; the sums are formed as the chip forms them
             compute, tensors = int8
+        elif (held := resident_conv(st.op, tensors, params, self.plan.consts, st.results[0][0].dtype, pr,
+                                    self.resident)) is not None:  # fp16 weights for one-column evaluations
+            compute, tensors = held
         step = Step(node, st.op, compute, tensors, params,
                     [(n, self.rounder(st.op, tensors, t.dtype)) for t, n in st.results],
                     checked=[_finite_unchanged if self.rounder(st.op, tensors, t.dtype) is _unchanged
