@@ -190,3 +190,28 @@ def _plain(p: dict[str, Any]) -> bool:
     """Params under which a 1x1 conv is one product over channels (ops_linear._conv2d's fast path)."""
     return int(p["groups"]) == 1 and p["pad_type"] in ("valid", "same", "same_lower") \
         and all(int(s) == 1 for s in as_list(p["strides"] or [1]))
+
+
+class HalfMatrix:
+    """A float matrix `[R, C]` held as fp16 patterns (half the memory of float32): indexing
+    widens the rows it picks (an embedding lookup); `times` multiplies rows of activations."""
+
+    BLOCK = 4096  # rows widened at once when many activations share the matrix
+
+    def __init__(self, values: np.ndarray):
+        self.bits = half_bits(values)
+        self.shape = self.bits.shape
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return widen(self.bits[rows])
+
+    def times(self, x: np.ndarray) -> np.ndarray:
+        """x `[T, C]` @ matrixᵀ -> float32 `[T, R]`: one fp16 pass per row of x when there are
+        few, float32 BLAS over blocks of widened rows when there are many."""
+        x = np.ascontiguousarray(x, np.float32)
+        if len(x) <= 2:
+            return np.stack([half_matvec(self.bits, row) for row in x])
+        out = np.empty((len(x), self.shape[0]), np.float32)
+        for r in range(0, self.shape[0], self.BLOCK):
+            out[:, r:r + self.BLOCK] = x @ widen(self.bits[r:r + self.BLOCK]).T
+        return out

@@ -16,12 +16,18 @@ What runs where:
     additive mask over the unused slots and RoPE cos/sin as inputs, so the program is compiled
     once per layer and cache tier, never per token; k_new/v_new come back and the host
     appends them at the token's position.
-- Final norm and vocabulary projection on the CPU in float32, for every model. GPT-2's tied
+- Final norm and vocabulary projection on the CPU, the projection's weight held as fp16 (as the
+  device holds weights: half the bytes a token reads) and multiplied by the emulator's fp16
+  matrix-vector product (`device.emulator_matvec`), sums in float32. GPT-2's tied
   wte is 50257 × 768 × 2 B = 73 MiB in fp16, over 15× the measured ~4.7 MB working-set threshold: on the
   device it would take at least three vocabulary chunks (three more programs out of the
   compile budget), each streamed from DRAM for one token's 768 inputs, so the product is
-  bandwidth-bound wherever it runs. The CPU's BLAS reads the matrix once per token and keeps
-  the logits exact given the last layer's fp16 output.
+  bandwidth-bound wherever it runs. The CPU reads the fp16 matrix once per token; a tied
+  embedding is looked up in the same fp16 matrix.
+
+Memory: once the programs' weights are folded (`layer_params`, kept as fp16 for the programs
+still to compile) the runner drops its float32 copies of the layers; the CPU side keeps only
+the embedding, positions, final norm and head.
 
 A prompt that continues a non-empty cache (a chat turn) and the part of a prompt beyond the
 largest bucket run through the decode programs, one token at a time: prefill programs start at
@@ -37,13 +43,14 @@ import numpy as np
 
 from ..compiler.pipeline import compile_graph
 from ..device.base import Device
+from ..device.emulator_matvec import HalfMatrix
 from ..device.select import get_device
 from ..kernels.decode import decode_layer, decode_mask
 from ..kernels.layers import layer_params, layer_shape, rope_full_tables, stream_scale_for
 from ..kernels.prefill import prefill_layer
 from ..models.layers import rope_inv_freq, rope_tables
 from ..models.loading import build_model
-from ..models.names import layer_weights
+from ..models.names import layer_prefix, layer_weights
 from ..runtime.kernel import Kernel
 from .device_plan import MAX_CONTEXT, DeviceCache, plan_sizes
 
@@ -85,6 +92,9 @@ class DeviceRunner:
         quant = getattr(weights, "quant", None)  # a quantized folder (anelm.quant.folder): int8 linears
         self.layers = [(quant.kernel_layer if quant else lambda i, s, w: layer_params(s, w))(
             i, s, layer_weights(config, self.cpu.weights, i)) for i, s in enumerate(self.shapes)]
+        self.layers = [{k: (_half(w), b) for k, (w, b) in p.items()} for p in self.layers]
+        self.head = HalfMatrix(self.cpu.weights[self.cpu.head_name])
+        self._keep_cpu_side()
         self.rope = config.model_type != "gpt2"
         if self.rope:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -104,12 +114,24 @@ class DeviceRunner:
             hidden.append(self._prefill_hidden(ids[:start], cache))
         hidden += [self._decode_hidden(int(t), cache) for t in ids[start:]]
         h = np.concatenate(hidden)  # [T, D]
-        return self.cpu.head(h[-1:] if last_only else h)
+        return self._logits(h[-1:] if last_only else h)
 
     def decode(self, token: int, cache: DeviceCache) -> np.ndarray:
         """One token at position cache.length; logits [V]."""
         self.cpu._check_ids([token], cache)
-        return self.cpu.head(self._decode_hidden(int(token), cache))[0]
+        return self._logits(self._decode_hidden(int(token), cache))[0]
+
+    def _logits(self, h: np.ndarray) -> np.ndarray:
+        """Hidden states [T, D] -> logits [T, V]: the CPU model's final norm, the fp16 head."""
+        return self.head.times(self.cpu.final_norm(h))
+
+    def _keep_cpu_side(self) -> None:
+        """Drop the CPU model's layer weights (the programs are built from `self.layers`) and
+        its float32 head: a tied embedding is looked up in the fp16 head's rows."""
+        prefixes = tuple(layer_prefix(self.config.model_type, i) for i in range(self.config.num_hidden_layers))
+        w = {k: v for k, v in self.cpu.weights.items() if not k.startswith(prefixes)}
+        w[self.cpu.head_name] = self.head
+        self.cpu.weights = w
 
     def close(self) -> None:
         """Release every kernel (the programs stay in the process-wide cache until evicted)."""
@@ -175,3 +197,12 @@ class DeviceRunner:
             assert not art.meta["aliases"], f"{graph.name}: surfaces were renamed {art.meta['aliases']}"
             self.kernels[key] = Kernel(art, self.dev, float32_outputs=True)
         return self.kernels[key]
+
+
+def _half(w):
+    """A weight matrix as fp16 (what its blob holds; the programs are compiled from it);
+    anything else (int8 weights, vectors) as it is."""
+    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype == np.float32:
+        with np.errstate(over="ignore"):
+            return w.astype(np.float16)
+    return w
