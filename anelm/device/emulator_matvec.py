@@ -215,3 +215,4 @@ class HalfMatrix:
         for r in range(0, self.shape[0], self.BLOCK):
             out[:, r:r + self.BLOCK] = x @ widen(self.bits[r:r + self.BLOCK]).T
         return out
+

@@ -44,6 +44,7 @@ import numpy as np
 from ..compiler.pipeline import compile_graph
 from ..device.base import Device
 from ..device.emulator_matvec import HalfMatrix
+from ..device.fp16 import round_fp16
 from ..device.select import get_device
 from ..kernels.decode import decode_layer, decode_mask
 from ..kernels.layers import layer_params, layer_shape, rope_full_tables, stream_scale_for
@@ -90,9 +91,9 @@ class DeviceRunner:
         self.shapes = [replace(layer_shape(config, i), stream_scale=self.stream_scale) for i in range(n)]
         # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
         quant = getattr(weights, "quant", None)  # a quantized folder (anelm.quant.folder): int8 linears
-        self.layers = [(quant.kernel_layer if quant else lambda i, s, w: layer_params(s, w))(
-            i, s, layer_weights(config, self.cpu.weights, i)) for i, s in enumerate(self.shapes)]
-        self.layers = [{k: (_half(w), b) for k, (w, b) in p.items()} for p in self.layers]
+        fold = quant.kernel_layer if quant else lambda i, s, w: layer_params(s, w)
+        self.layers = [{k: (_half(w), b) for k, (w, b) in fold(i, s, layer_weights(config, self.cpu.weights, i)).items()}
+                       for i, s in enumerate(self.shapes)]
         self.head = HalfMatrix(self.cpu.weights[self.cpu.head_name])
         self._keep_cpu_side()
         self.rope = config.model_type != "gpt2"
@@ -102,8 +103,7 @@ class DeviceRunner:
 
     # --- Runner interface -------------------------------------------------------------------
     def new_cache(self) -> DeviceCache:
-        return DeviceCache(self.config.num_hidden_layers, self.shapes[0].kv_channels, self.plan.context,
-                           self.dev.host_half)
+        return DeviceCache(self.config.num_hidden_layers, self.shapes[0].kv_channels, self.plan.context)
 
     def prefill(self, ids: Sequence[int], cache: DeviceCache, last_only: bool = False) -> np.ndarray:
         """Run `ids` at positions cache.length..; logits [T, V] ([1, V] when `last_only`)."""
@@ -170,14 +170,14 @@ class DeviceRunner:
         if self.rope:
             cos, sin = rope_full_tables(*rope_tables(np.array([pos]), self.inv_freq))  # [1, 1, Dh, 1]
             step.update(cos=cos, sin=sin)
+        step = {name: round_fp16(a) for name, a in step.items()}  # rounded once for every layer
         for i in range(len(self.layers)):
-            out = self._kernel("decode", i, tier).run({
-                "x": x, **step,
-                "k_cache": cache.k[i, :, :tier].reshape(heads),  # [C, T] -> [Hkv, 1, Dh, T]
-                "v_cache": cache.v[i, :, :tier].reshape(heads)},
-                exact=("k_cache", "v_cache") if i == 0 else ("k_cache", "v_cache", "x"))
-            cache.k[i, :, pos] = out["k_new"].reshape(-1)  # [Hkv, 1, Dh, 1] -> [C]
-            cache.v[i, :, pos] = out["v_new"].reshape(-1)
+            req = cache.request(i, self._kernel("decode", i, tier), tier, heads)
+            for name, a in step.items():
+                req.write(name, a, exact=True)
+            req.write("x", x, exact=i > 0)
+            out = req.run()
+            cache.put(i, pos, out["k_new"], out["v_new"])
             x = out["y"]
         cache.advance(1)
         return x.reshape(1, d).astype(np.float32) * self.stream_scale  # [1, D, 1, 1] -> [1, D]
