@@ -14,7 +14,7 @@ import pytest
 from anelm.chip.profile import STRICT
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
-from anelm.device.emulator_matvec import ResidentConv, half_bits, half_matvec, widen
+from anelm.device.emulator_matvec import HalfMatrix, ResidentConv, half_bits, half_matvec, widen
 from anelm.device.fp16 import round_fp16
 from anelm.ir.builder import GraphBuilder
 from anelm.runtime.cache import ProgramCache
@@ -112,3 +112,15 @@ def test_the_q15_16_accumulator_keeps_its_own_path():
     b.output("y", b.linear(b.input("x", [1, 16, 1, 1]), w))
     with Kernel(compile_graph(b.build(), prof), Emulator(prof), cache=ProgramCache()) as k:
         assert resident(k) is None
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+def test_half_matrix_rows_and_products_are_those_of_its_fp16_values(rows):
+    w = rng.standard_normal((5000, 48)).astype(np.float32)  # past HalfMatrix.BLOCK: two blocks
+    x = rng.standard_normal((rows, 48)).astype(np.float32)
+    m = HalfMatrix(w)
+    w16 = w.astype(np.float16).astype(np.float64)
+    assert m.bits.nbytes == w.size * 2
+    assert np.array_equal(m[[3, 4999, 3]], w16[[3, 4999, 3]].astype(np.float32))
+    exact = x.astype(np.float64) @ w16.T
+    assert np.abs(m.times(x) - exact).max() <= 1e-5 * np.abs(x).sum(axis=1).max() * np.abs(w16).max()
