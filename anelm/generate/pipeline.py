@@ -23,7 +23,7 @@ What runs where:
   device it would take at least three vocabulary chunks (three more programs out of the
   compile budget), each streamed from DRAM for one token's 768 inputs, so the product is
   bandwidth-bound wherever it runs. The CPU reads the fp16 matrix once per token; a tied
-  embedding is looked up in the same fp16 matrix.
+  embedding without learned positions is looked up in the same fp16 matrix.
 
 Memory: once the programs' weights are folded (`layer_params`, kept as fp16 for the programs
 still to compile) the runner drops its float32 copies of the layers; the CPU side keeps only
@@ -95,8 +95,8 @@ class DeviceRunner:
         self.layers = [{k: (_half(w), b) for k, (w, b) in fold(i, s, layer_weights(config, self.cpu.weights, i)).items()}
                        for i, s in enumerate(self.shapes)]
         self.head = HalfMatrix(self.cpu.weights[self.cpu.head_name])
-        self._keep_cpu_side()
         self.rope = config.model_type != "gpt2"
+        self._keep_cpu_side()
         if self.rope:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.kernels: dict[tuple[str, int, int], Kernel] = {}  # (kind, layer, size), compiled on first use
@@ -127,10 +127,15 @@ class DeviceRunner:
 
     def _keep_cpu_side(self) -> None:
         """Drop the CPU model's layer weights (the programs are built from `self.layers`) and
-        its float32 head: a tied embedding is looked up in the fp16 head's rows."""
+        its float32 head. A tied embedding is looked up in the fp16 head's rows when the row
+        alone is the first layer's input (Llama, Qwen3: the kernel rounds it to fp16 anyway,
+        after a power-of-two scale, so nothing changes); GPT-2 adds learned positions first,
+        and rounding the row before that sum moved W8A8's activation bins measurably."""
         prefixes = tuple(layer_prefix(self.config.model_type, i) for i in range(self.config.num_hidden_layers))
         w = {k: v for k, v in self.cpu.weights.items() if not k.startswith(prefixes)}
-        w[self.cpu.head_name] = self.head
+        tied_positions = self.config.tie_word_embeddings and not self.rope
+        if not tied_positions:
+            w[self.cpu.head_name] = self.head
         self.cpu.weights = w
 
     def close(self) -> None:
