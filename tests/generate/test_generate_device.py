@@ -43,13 +43,13 @@ def device():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, device):
-    """kind -> (runner, HF model, config)."""
+    """kind -> (runner, HF model, config, float32 weights)."""
     root = tmp_path_factory.mktemp("device")
     out = {}
     for i, kind in enumerate(KINDS):
         hf = hf_tiny.make_hf(kind, root / kind, seed=10 + i)
         config, weights, _ = load_model(root / kind)
-        out[kind] = (build_runner(config, weights, device), hf, config)
+        out[kind] = (build_runner(config, weights, device), hf, config, weights)
     return out
 
 
@@ -86,7 +86,7 @@ def check_against_hf(hf, prompt, tokens, logits) -> int:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_generation_follows_hf(models, kind):
-    runner, hf, _ = models[kind]
+    runner, hf, _, _ = models[kind]
     assert isinstance(runner, Runner) and runner.device == "emulator"
     decisive = sum(check_against_hf(hf, p, *greedy_run(runner, p, N_NEW)) for p in PROMPTS)
     assert decisive >= 0.5 * N_NEW * len(PROMPTS), f"only {decisive} decisive steps: the check is vacuous"
@@ -94,7 +94,7 @@ def test_greedy_generation_follows_hf(models, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_prefill_logits_of_every_position_match_hf(models, kind):
-    runner, hf, _ = models[kind]
+    runner, hf, _, _ = models[kind]
     ids = np.random.default_rng(3).integers(0, 96, 40).tolist()  # bucket 64: all of the context's ladder
     got = runner.prefill(ids, runner.new_cache())
     assert got.shape == (40, 96)
@@ -103,7 +103,7 @@ def test_prefill_logits_of_every_position_match_hf(models, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_cached_decode_matches_full_recompute(models, kind):
-    runner, _, _ = models[kind]
+    runner, _, _, _ = models[kind]
     prompt, more = [1, 5, 9, 22, 3], np.random.default_rng(1).integers(0, 96, 14).tolist()
     cache = runner.new_cache()
     steps = [runner.prefill(prompt, cache, last_only=True)[-1]]
@@ -116,8 +116,8 @@ def test_cached_decode_matches_full_recompute(models, kind):
 
 
 def test_compiles_per_layer_and_bucket_not_per_token(models, cold_compiles):
-    _, _, config = models["llama-gqa"]
-    runner = build_runner(config, models["llama-gqa"][0].cpu.weights, Emulator(NOBUDGET))
+    _, _, config, weights = models["llama-gqa"]
+    runner = build_runner(config, weights, Emulator(NOBUDGET))
     layers, before = config.num_hidden_layers, compile_count()
     greedy_run(runner, [1, 5, 9], 20)  # bucket 16, positions 3..22: one decode tier
     assert compile_count() - before == layers * (1 + 1)
@@ -151,7 +151,7 @@ def test_sizes_are_io_widths_in_the_profiles_multiple():
 
 
 def test_context_is_enforced(models):
-    runner, _, config = models["gpt2"]
+    runner, _, config, _ = models["gpt2"]
     cache = runner.new_cache()
     assert cache.capacity == config.max_position_embeddings == 64
     with pytest.raises(ContextError):
@@ -163,8 +163,8 @@ def test_context_is_enforced(models):
 
 
 def test_make_runner_builds_the_device_pipeline(models, device):
-    _, _, config = models["qwen3-tied"]
-    runner = make_runner(config, models["qwen3-tied"][0].cpu.weights, device)
+    _, _, config, weights = models["qwen3-tied"]
+    runner = make_runner(config, weights, device)
     assert runner.device == "emulator" and type(runner).__name__ == "DeviceRunner"
 
 
