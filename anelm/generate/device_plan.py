@@ -139,8 +139,7 @@ class DeviceCache:
     def reserve(self, width: int) -> None:
         """Make room for `width` positions (exactly: the decode inputs are W-wide slices)."""
         if width > self.width:
-            pad = [(0, 0), (0, 0), (0, width - self.width)]
-            self.k, self.v = np.pad(self.k, pad), np.pad(self.v, pad)
+            self.k, self.v = (_widened(a, width) for a in (self.k, self.v))
 
     def request(self, layer: int, kernel: Any, tier: int, heads: tuple[int, ...]) -> Any:
         """The request of `kernel` (layer's decode program for `tier`) holding this layer's cache
@@ -169,6 +168,14 @@ class DeviceCache:
 
     def advance(self, n: int) -> None:
         self.length += n
+
+
+def _widened(a: np.ndarray, width: int) -> np.ndarray:
+    """a `[L, C, W]` with zero columns up to `width`. Not np.pad, which writes every zero:
+    np.zeros maps untouched pages, so a 4096-position cache costs only the columns filled."""
+    out = np.zeros(a.shape[:2] + (width,), a.dtype)
+    out[:, :, :a.shape[2]] = a
+    return out
 
 
 def _close_requests(requests: dict) -> None:

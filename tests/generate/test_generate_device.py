@@ -22,7 +22,7 @@ torch = hf_tiny.torch
 from anelm.device.base import compile_count  # noqa: E402
 from anelm.device.emulator import Emulator  # noqa: E402
 from anelm.chip.profile import STRICT  # noqa: E402
-from anelm.generate.device_plan import plan_sizes  # noqa: E402
+from anelm.generate.device_plan import DeviceCache, plan_sizes  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.generate.runner import Runner, make_runner  # noqa: E402
 from anelm.models.errors import ContextError  # noqa: E402
@@ -262,3 +262,13 @@ def test_a_warm_kernel_cache_decodes_as_the_cold_compile(models, tmp_path, monke
     assert compile_count() == before and again == tokens
     np.testing.assert_array_equal(logits_again, logits)
     assert all(k.model.func is None for k in warm.kernels.values())  # every plan replayed from its record
+
+
+def test_a_growing_cache_keeps_its_positions_and_zeros_the_rest():
+    cache = DeviceCache(2, 3, 64)
+    cache.reserve(16)
+    cache.k[:, :, :5], cache.v[:, :, :5] = 1.5, -2.0
+    cache.reserve(64)
+    assert cache.width == 64 and cache.k.dtype == cache.v.dtype == np.float16
+    assert (cache.k[:, :, :5] == 1.5).all() and (cache.v[:, :, :5] == -2.0).all()
+    assert not cache.k[:, :, 5:].any() and not cache.v[:, :, 5:].any()
