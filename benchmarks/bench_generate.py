@@ -23,6 +23,16 @@ prompt is the first --prompt tokens of ../shared/data/text/apache-2.0.txt (or --
 the load times (file to ready model: dequantizing a GGUF, HF's conversion) are printed too:
 
     python benchmarks/bench_generate.py --model ../shared/data/models/smollm2-135m-instruct-q4_1.gguf
+
+With `--processes`, the figures are those a user sees: every round runs `anelm generate --json
+--device emulator` in a new process (its `prefill_ms` and `decode_tokens_per_s`, which include
+whatever compiling happens inside them) and HF's greedy `generate` in another new process (load,
+then one generation; a streamer stamps the first token and the last), the two in turns, and each
+process's peak RSS is read from the kernel when it exits (`wait4`). The GPT-2 shape gets a
+tokenizer (GPT-2's vocabulary rebuilt from ../shared/data/tokenizers/gpt2-merges.txt) so that
+`anelm generate` can read the folder; both sides get the same prompt ids.
+
+    python benchmarks/bench_generate.py --processes [--model PATH]
 """
 
 from __future__ import annotations
@@ -43,7 +53,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=3, help="timed runs per side; the best is kept (default 3)")
     p.add_argument("--layers", type=int, default=12, help="decoder layers (default 12, GPT-2 124M)")
     p.add_argument("--model", help="a real model (HF folder or .gguf) for both sides instead of the GPT-2 shape")
-    p.add_argument("--text", help="prompt text for --model (default: ../shared/data/text/apache-2.0.txt)")
+    p.add_argument("--text", help="prompt text (default: ../shared/data/text/apache-2.0.txt)")
+    p.add_argument("--processes", action="store_true",
+                   help="each round a new `anelm generate` process and a new HF process (figures as a user sees them)")
+    p.add_argument("--hf-child", nargs=2, metavar=("MODEL", "IDS"), help=argparse.SUPPRESS)  # one HF round
     return p.parse_args()
 
 
@@ -128,9 +141,132 @@ def rounds(sides: dict, repeat: int) -> dict[str, tuple[float, float]]:
     return best
 
 
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def gpt2_tokenizer(folder: Path) -> None:
+    """vocab.json + merges.txt for GPT-2's ids: the 256 byte symbols in code order, then one
+    token per merge (GPT-2 numbers merge i's result 256 + i), then <|endoftext|>."""
+    import json
+    import shutil
+
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    symbols = sorted([chr(b) for b in keep] + [chr(256 + i) for i in range(256 - len(keep))])
+    merges = SHARED / "tokenizers" / "gpt2-merges.txt"
+    vocab = {sym: i for i, sym in enumerate(symbols)}
+    for line in merges.read_text(encoding="utf-8").splitlines()[1:]:
+        if line:
+            vocab.setdefault(line.replace(" ", ""), len(vocab))
+    vocab["<|endoftext|>"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    shutil.copy(merges, folder / "merges.txt")
+
+
+def child(cmd: list[str]) -> tuple[dict, float]:
+    """Run cmd in a new process: (its last stdout line as JSON, its peak RSS in MiB)."""
+    import json
+    import subprocess
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # reaped here, so its own rusage can be read
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        if proc.returncode:
+            raise SystemExit(f"{' '.join(cmd[:4])} ... failed:\n{err.read()[-2000:]}")
+        return json.loads(out.read().strip().splitlines()[-1]), usage.ru_maxrss / 1024  # KiB -> MiB
+
+
+def hf_child(model: str, ids: str, tokens: int, threads: int) -> int:
+    """One HF round in this process: load, generate greedily, print prefill_ms and the rate."""
+    import json
+
+    import torch
+    from transformers.generation.streamers import BaseStreamer
+
+    torch.set_num_threads(threads)
+    m = hf_real(model)
+    stamps: list[float] = []
+
+    class Stamps(BaseStreamer):
+        def put(self, value):
+            stamps.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    prompt = torch.tensor([json.loads(ids)])
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        m.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, use_cache=True,
+                   pad_token_id=0, streamer=Stamps())
+    first, last = stamps[1], stamps[-1]  # stamps[0]: the prompt itself
+    print(json.dumps({"prefill_ms": (first - t0) * 1e3, "decode_tokens_per_s": (len(stamps) - 2) / (last - first)}))
+    return 0
+
+
+def processes(args) -> int:
+    """The --processes benchmark (module doc)."""
+    import json
+
+    from anelm.models.tokenizer import load_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="anelm-bench-") as tmp:
+        if args.model:
+            path, what = args.model, args.model
+            tok = load_tokenizer(path) if Path(path).is_dir() else None
+            if tok is None:
+                from anelm.models.loading import load_model
+                tok = load_model(path)[2]
+        else:
+            make_model(tmp, args.layers)
+            gpt2_tokenizer(Path(tmp))
+            path, what = tmp, f"GPT-2 shape: {args.layers} layers, 768 wide, vocabulary 50257"
+            tok = load_tokenizer(tmp)
+        text = Path(args.text) if args.text else SHARED / "text" / "apache-2.0.txt"
+        ids = tok.encode(text.read_text(encoding="utf-8"))[:args.prompt]
+        prompt = tok.decode(ids)
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        os.environ.update(env)
+        anelm = [sys.executable, "-m", "anelm", "generate", "--model", path, "--prompt", prompt, "--json",
+                 "--max-tokens", str(args.tokens), "--temperature", "0", "--device", "emulator"]
+        hf = [sys.executable, __file__, "--threads", str(args.threads), "--tokens", str(args.tokens),
+              "--hf-child", path, json.dumps(ids)]
+        best = {"anelm": [float("inf"), 0.0, 0.0], "hf": [float("inf"), 0.0, 0.0]}
+        seen: dict[str, list] = {"anelm": [], "hf": []}
+        for _ in range(args.repeat):
+            for name, cmd in (("hf", hf), ("anelm", anelm)):
+                got, rss = child(cmd)
+                b = best[name]
+                best[name] = [min(b[0], got["prefill_ms"]), max(b[1], got["decode_tokens_per_s"]), max(b[2], rss)]
+                seen[name].append((round(got["prefill_ms"]), round(got["decode_tokens_per_s"], 2)))
+                if name == "anelm":
+                    n_prompt, n_out = len(got["prompt_ids"]), len(got["ids"])
+    (a_p, a_r, a_m), (h_p, h_r, h_m) = best["anelm"], best["hf"]
+    print(f"{what}; prompt {n_prompt} tokens ({len(ids)} for HF), anelm generated {n_out}, HF {args.tokens}; "
+          f"{args.threads} thread(s) each; best of {args.repeat} rounds, each side a new process per round")
+    print(f"anelm generate (emulator): prefill {a_p:.0f} ms, decode {a_r:.2f} tokens/s, peak RSS {a_m:.0f} MiB "
+          f"(rounds: {seen['anelm']})")
+    print(f"HF transformers {_hf_version()} (CPU): prefill {h_p:.0f} ms, decode {h_r:.2f} tokens/s, "
+          f"peak RSS {h_m:.0f} MiB (rounds: {seen['hf']})")
+    print(f"ratio: prefill {h_p / a_p:.2f}x HF's speed, decode {a_r / h_r:.2f}x HF's rate, "
+          f"peak RSS {a_m / h_m:.2f}x HF's")
+    return 0
+
+
+def _hf_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
 def main() -> int:
     args = parse_args()
     set_threads(args.threads)
+    if args.hf_child:
+        return hf_child(*args.hf_child, args.tokens, args.threads)
+    if args.processes:
+        return processes(args)
     import numpy as np
     import torch
 

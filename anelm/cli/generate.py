@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("the prompt is empty and the tokenizer has no BOS token: pass --prompt")
     check_prompt(len(prompt_ids), config.max_position_embeddings)  # before any device work
     runner = start(args, config, weights)
+    del weights  # the runner keeps what it needs (a device runner: fp16 copies, not the float32 layers)
     res = generate(runner, tok, prompt_ids, on_text=None if args.json else stream, **opts)
     if args.json:
         print(json.dumps({"prompt_ids": res.prompt_ids, "ids": res.ids, "text": res.text,

@@ -57,10 +57,14 @@ class EmulatedModel:
     inputs: list[tuple[str, TensorType]] = field(default_factory=list)  # in binding order
     outputs: list[tuple[str, TensorType]] = field(default_factory=list)
     columns: ColumnPlan | None = None  # how a column-separable program runs column by column
+    _owners: tuple | None = field(default=None, repr=False)  # (plan, const_owners) for the current plan
 
     def const_owners(self) -> set[int]:
-        """ids of the arrays that own the plan's consts' memory."""
-        return {id(_owner(c)) for c in self.plan.consts.values() if isinstance(c, np.ndarray)}
+        """ids of the arrays that own the plan's consts' memory (found once per plan)."""
+        if self._owners is None or self._owners[0] is not self.plan:
+            self._owners = (self.plan, frozenset(id(_owner(c)) for c in self.plan.consts.values()
+                                                 if isinstance(c, np.ndarray)))
+        return set(self._owners[1])
 
 
 class Emulator(Device):

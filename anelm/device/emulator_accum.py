@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numba
 import numpy as np
 
 from ..chip.profile import ChipProfile
@@ -53,7 +54,8 @@ _BLOCK = 1 << 22  # products formed at once by the fixed-point path (float64: 32
 def accumulated(op: str, compute: Callable, dtype: str, profile: ChipProfile) -> Callable:
     """`compute` for op `op` with a `dtype` result, as this profile's accumulator computes it.
 
-    The one place the profile's accumulator fields are read; ops without an accumulator, and
+    The one place the profile's accumulator fields are read (but for the one-column fp32 path
+    of `emulator_matvec`, which applies the same limit); ops without an accumulator, and
     results that are not fp16, come back unchanged.
     """
     limit, kind = profile.accumulator_limit, profile.accumulator
@@ -74,9 +76,23 @@ def accumulated(op: str, compute: Callable, dtype: str, profile: ChipProfile) ->
     return lambda x, p: sdpa(x, p, mm=lambda a, b: _fixed_matmul(a, b, cap).astype(np.float32))
 
 
+@numba.njit(nogil=True, cache=True)
+def _below(a: np.ndarray, limit: float) -> bool:  # pragma: no cover - compiled
+    for i in range(a.size):
+        if not abs(a[i]) < limit:  # NaN fails too
+            return False
+    return True
+
+
 def saturate(a: np.ndarray, limit: float) -> np.ndarray:
-    """a with ±inf where |a| >= limit (NaN stays NaN). Reads a twice (max, min) when nothing trips."""
-    if a.size == 0 or (a.max() < limit and -a.min() < limit):  # NaN fails both tests: slow path
+    """a with ±inf where |a| >= limit (NaN stays NaN). Reads a once (small contiguous float32:
+    one compiled loop, cheaper to call than two reductions) or twice (max, min) when nothing trips."""
+    if a.size == 0:
+        return a
+    if a.size < 4096 and a.dtype == np.float32 and a.flags.c_contiguous:
+        if _below(a.reshape(-1), float(limit)):
+            return a
+    elif a.max() < limit and -a.min() < limit:  # NaN fails both tests: slow path
         return a
     inf = np.float32(np.inf)
     return np.where(np.abs(a) >= limit, np.copysign(inf, a), a).astype(a.dtype, copy=False)

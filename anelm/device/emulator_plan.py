@@ -23,6 +23,7 @@ from ..ir.ops_common import dims
 from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var, storage_dtype
 from .emulator_accum import accumulated
 from .emulator_int8 import Int8State, drop_bypassed, note, rewrite
+from .emulator_matvec import ResidentWeight, resident_conv
 from .fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted
 from .overflow import FirstOverflow
 
@@ -180,6 +181,7 @@ class _Builder:
         for t, name in inputs:
             self.plan.types[name] = t
             self.plan.in_round[name] = make_rounder(t.dtype, profile)
+        self.resident: dict[str, ResidentWeight] = {}  # conv weights held fp16 for the decode path
 
     def build(self, func: Function) -> Plan:
         for st in func.body:
@@ -307,6 +309,9 @@ class _Builder:
         int8 = rewrite(self.int8, op, tensors, params, pr.quantize_rounding, pr.accumulator_limit, pr.accumulator)
         if int8 is not None:  # int8 weights stay int8; the sums are formed as the chip forms them
             compute, tensors = int8
+        elif (held := resident_conv(op, tensors, params, self.plan.consts, results[0][1].dtype, pr,
+                                    self.resident)) is not None:  # fp16 weights for one-column evaluations
+            compute, tensors = held
         rounders = [self.rounder(op, tensors, t.dtype) for _, t in results]
         step = Step(node, op, compute, tensors, params, [(n, r) for (n, _), r in zip(results, rounders)],
                     checked=[_finite_unchanged if r is _unchanged else make_checked_rounder(t.dtype, pr)

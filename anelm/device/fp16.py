@@ -141,11 +141,17 @@ def round_fp16(a: Any, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def _owned_in_place(a: Any) -> bool:
+    """a is a writable, C-contiguous float32 array (a fresh op result that can be rounded where it lies)."""
+    return isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
+
+
 def round_fp16_owned(a: np.ndarray) -> np.ndarray:
     """Round an array the caller owns (a fresh op result), in place when it can: a writable,
     C-contiguous float32 array is rounded where it lies; anything else gets a new array."""
-    if isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable:
-        return round_fp16(a, out=a)
+    if _owned_in_place(a):
+        _round_in_place(a.reshape(-1))  # round_fp16(a, out=a) without its checks: once per op result
+        return a
     return round_fp16(a)
 
 
@@ -157,11 +163,25 @@ def _count_nonfinite(a: np.ndarray) -> int:
     return bad
 
 
+@numba.njit(nogil=True, cache=True)
+def _round_counted_in_place(a: np.ndarray) -> int:
+    bad = np.int64(0)
+    for i in range(a.size):
+        a[i] = _rounded(a[i])
+        bad += np.int64(not abs(a[i]) <= _MAX)
+    return bad
+
+
+SMALL = 4096  # values below which one call's overhead outweighs the arithmetic
+
+
 def round_fp16_owned_counted(a: np.ndarray) -> tuple[np.ndarray, int]:
     """round_fp16_owned, and how many of the results are inf or NaN (the emulator's fp16
-    overflow diagnostics look further only when that is not 0). The count is a second loop
-    over the result while it is still in cache, about the rounding's own cost again; fused
-    into the rounding loop it vectorises worse and costs twice as much, and the plain rounding
-    serves every evaluation that does not watch for overflow."""
+    overflow diagnostics look further only when that is not 0). For a large result the count
+    is a second loop over it while it is still in cache, about the rounding's own cost again:
+    fused into the rounding loop it vectorises worse and costs twice as much. A small result
+    (a decode step's) is rounded and counted in one loop: there the call is the cost."""
+    if _owned_in_place(a) and a.size < SMALL:
+        return a, int(_round_counted_in_place(a.reshape(-1)))
     r = round_fp16_owned(a)
     return r, int(_count_nonfinite(r.reshape(-1)))

@@ -36,7 +36,9 @@ for all the rest of the token. The price is up to |D| − 1 extra compiles per l
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -112,17 +114,23 @@ def plan_sizes(layers: int, context: int, budget: int, multiple: int = 1) -> Siz
 
 
 class DeviceCache:
-    """Keys and values of every layer, fp16 values `[L, C, W]` (`[1, C, 1, W]` per layer as the
+    """Keys and values of every layer, fp16 `[L, C, W]` (`[1, C, 1, W]` per layer as the
     kernels read them), W grown to the decode tier in use so a layer's slice is one block.
+
+    While decoding, each layer also has a request of its decode program (`Kernel.request`)
+    whose input surfaces hold that layer's cache for the tier in use: filled once when the tier
+    is entered, then one column per token (`put`), instead of the whole cache written into the
+    surfaces every step (on the emulator that copy was a quarter of a SmolLM2 token).
 
     `length` counts the positions stored; prefill and decode write at `length`, then advance.
     """
 
     def __init__(self, layers: int, channels: int, capacity: int, dtype=np.float16):
         self.length, self.capacity = 0, capacity
-        # fp16 values, held as the device's host dtype for fp16 (float32 on the emulator)
         self.k = np.zeros((layers, channels, 0), dtype)
         self.v = np.zeros_like(self.k)
+        self._requests: dict[int, tuple[int, Any]] = {}  # layer -> (tier, request)
+        weakref.finalize(self, _close_requests, self._requests)
 
     @property
     def width(self) -> int:
@@ -131,8 +139,46 @@ class DeviceCache:
     def reserve(self, width: int) -> None:
         """Make room for `width` positions (exactly: the decode inputs are W-wide slices)."""
         if width > self.width:
-            pad = [(0, 0), (0, 0), (0, width - self.width)]
-            self.k, self.v = np.pad(self.k, pad), np.pad(self.v, pad)
+            self.k, self.v = (_widened(a, width) for a in (self.k, self.v))
+
+    def request(self, layer: int, kernel: Any, tier: int, heads: tuple[int, ...]) -> Any:
+        """The request of `kernel` (layer's decode program for `tier`) holding this layer's cache
+        in its `k_cache`/`v_cache` surfaces, shaped `heads`."""
+        held = self._requests.get(layer)
+        if held is not None and held[0] == tier and held[1].kernel is kernel:
+            return held[1]
+        if held is not None:
+            held[1].close()
+        req = kernel.request()
+        req.write("k_cache", self.k[layer, :, :tier].reshape(heads), exact=True)
+        req.write("v_cache", self.v[layer, :, :tier].reshape(heads), exact=True)
+        self._requests[layer] = (tier, req)
+        return req
+
+    def put(self, layer: int, position: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store one position's keys and values (`[Hkv, 1, Dh, 1]`, fp16 values) of a layer,
+        in the host arrays and in the layer's request surfaces."""
+        self.k[layer, :, position] = k.reshape(-1)  # [Hkv, 1, Dh, 1] -> [C]
+        self.v[layer, :, position] = v.reshape(-1)
+        held = self._requests.get(layer)
+        if held is not None:
+            column = slice(position, position + 1)
+            held[1].write("k_cache", k, columns=column, exact=True)
+            held[1].write("v_cache", v, columns=column, exact=True)
 
     def advance(self, n: int) -> None:
         self.length += n
+
+
+def _widened(a: np.ndarray, width: int) -> np.ndarray:
+    """a `[L, C, W]` with zero columns up to `width`. Not np.pad, which writes every zero:
+    np.zeros maps untouched pages, so a 4096-position cache costs only the columns filled."""
+    out = np.zeros(a.shape[:2] + (width,), a.dtype)
+    out[:, :, :a.shape[2]] = a
+    return out
+
+
+def _close_requests(requests: dict) -> None:
+    for _, req in requests.values():
+        req.close()
+    requests.clear()

@@ -17,12 +17,18 @@ What runs where:
     additive mask over the unused slots and RoPE cos/sin as inputs, so the program is compiled
     once per layer and cache tier, never per token; k_new/v_new come back and the host
     appends them at the token's position.
-- Final norm and vocabulary projection on the CPU in float32, for every model. GPT-2's tied
+- Final norm and vocabulary projection on the CPU, the projection's weight held as fp16 (as the
+  device holds weights: half the bytes a token reads) and multiplied by the emulator's fp16
+  matrix-vector product (`device.emulator_matvec`), sums in float32. GPT-2's tied
   wte is 50257 × 768 × 2 B = 73 MiB in fp16, over 15× the measured ~4.7 MB working-set threshold: on the
   device it would take at least three vocabulary chunks (three more programs out of the
   compile budget), each streamed from DRAM for one token's 768 inputs, so the product is
-  bandwidth-bound wherever it runs. The CPU's BLAS reads the matrix once per token and keeps
-  the logits exact given the last layer's fp16 output.
+  bandwidth-bound wherever it runs. The CPU reads the fp16 matrix once per token; a tied
+  embedding without learned positions is looked up in the same fp16 matrix.
+
+Memory: once the programs' weights are folded (`layer_params`, kept as fp16 for the programs
+still to compile) the runner drops its float32 copies of the layers' matrices; the CPU side
+keeps the embedding, positions, final norm, head and the layers' norm vectors (for adapters).
 
 A LoRA adapter (`set_adapter`) is kernel input data (`kernels/lora.py`): the kernels are built
 with adapter slots of a rank R on a set of projections (those of the first adapter, or
@@ -43,6 +49,7 @@ import numpy as np
 
 from ..compiler.pipeline import compile_graph
 from ..device.base import Device
+from ..device.emulator_matvec import HalfMatrix
 from ..device.fp16 import round_fp16
 from ..device.select import get_device
 from ..kernels.decode import decode_layer, decode_mask
@@ -50,10 +57,11 @@ from ..kernels.int8 import plan_layer
 from ..kernels.layers import layer_params, layer_shape, rope_full_tables, stream_scale_for
 from ..kernels.lora import layer_lora, plan_slots
 from ..kernels.prefill import prefill_layer
+from ..mil.half import to_half
 from ..models.errors import AdapterError
 from ..models.layers import rope_inv_freq, rope_tables
 from ..models.loading import build_model
-from ..models.names import layer_weights, target_roles
+from ..models.names import layer_prefix, layer_weights, target_roles
 from ..runtime.kernel import Kernel
 from .device_plan import MAX_CONTEXT, DeviceCache, plan_sizes
 
@@ -99,9 +107,12 @@ class DeviceRunner:
         self.shapes = [replace(layer_shape(config, i), stream_scale=self.stream_scale) for i in range(n)]
         # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
         quant = getattr(weights, "quant", None)  # a quantized folder (models/quantized.py): int8 linears
-        self.layers = [(plan_layer(quant, i, s, w) if quant else layer_params(s, w))
+        self.layers = [{k: (_half(w), b) for k, (w, b) in
+                        (plan_layer(quant, i, s, w) if quant else layer_params(s, w)).items()}
                        for i, s in enumerate(self.shapes) for w in [layer_weights(config, self.cpu.weights, i)]]
+        self.head = HalfMatrix(self.cpu.weights[self.cpu.head_name])
         self.rope = config.model_type != "gpt2"
+        self._keep_cpu_side()
         if self.rope:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.kernels: dict[tuple[str, int, int], Kernel] = {}  # (kind, layer, size), compiled on first use
@@ -115,8 +126,7 @@ class DeviceRunner:
 
     # --- Runner interface -------------------------------------------------------------------
     def new_cache(self) -> DeviceCache:
-        return DeviceCache(self.config.num_hidden_layers, self.shapes[0].kv_channels, self.plan.context,
-                           self.dev.host_half)
+        return DeviceCache(self.config.num_hidden_layers, self.shapes[0].kv_channels, self.plan.context)
 
     def prefill(self, ids: Sequence[int], cache: DeviceCache, last_only: bool = False) -> np.ndarray:
         """Run `ids` at positions cache.length..; logits [T, V] ([1, V] when `last_only`)."""
@@ -127,12 +137,30 @@ class DeviceRunner:
             hidden.append(self._prefill_hidden(ids[:start], cache))
         hidden += [self._decode_hidden(int(t), cache) for t in ids[start:]]
         h = np.concatenate(hidden)  # [T, D]
-        return self.cpu.head(h[-1:] if last_only else h)
+        return self._logits(h[-1:] if last_only else h)
 
     def decode(self, token: int, cache: DeviceCache) -> np.ndarray:
         """One token at position cache.length; logits [V]."""
         self.cpu._check_ids([token], cache)
-        return self.cpu.head(self._decode_hidden(int(token), cache))[0]
+        return self._logits(self._decode_hidden(int(token), cache))[0]
+
+    def _logits(self, h: np.ndarray) -> np.ndarray:
+        """Hidden states [T, D] -> logits [T, V]: the CPU model's final norm, the fp16 head."""
+        return self.head.times(self.cpu.final_norm(h))
+
+    def _keep_cpu_side(self) -> None:
+        """Drop the CPU model's layer matrices (the programs are built from `self.layers`) and
+        its float32 head; the layers' vectors stay (norm gains and shifts: `set_adapter` folds
+        them into the adapter inputs, a few kilobytes per layer). A tied embedding is looked up in the fp16 head's rows when the row
+        alone is the first layer's input (Llama, Qwen3: the kernel rounds it to fp16 anyway,
+        after a power-of-two scale, so nothing changes); GPT-2 adds learned positions first,
+        and rounding the row before that sum moved W8A8's activation bins measurably."""
+        prefixes = tuple(layer_prefix(self.config.model_type, i) for i in range(self.config.num_hidden_layers))
+        w = {k: v for k, v in self.cpu.weights.items() if not k.startswith(prefixes) or np.ndim(v) < 2}
+        tied_positions = self.config.tie_word_embeddings and not self.rope
+        if not tied_positions:
+            w[self.cpu.head_name] = self.head
+        self.cpu.weights = w
 
     def set_adapter(self, adapter: Any) -> None:
         """Run with LoRA `adapter` from now on (None: the base alone), restaging the kernels'
@@ -207,20 +235,15 @@ class DeviceRunner:
             cos, sin = rope_full_tables(*rope_tables(np.array([pos]), self.inv_freq))  # [1, 1, Dh, 1]
             pad = [(0, 0)] * 3 + [(0, self.columns - 1)]
             step.update(cos=np.pad(cos, pad), sin=np.pad(sin, pad))  # -> [1, 1, Dh, W]
+        step = {name: round_fp16(a) for name, a in step.items()}  # rounded once for every layer
         for i in range(len(self.layers)):
-            lora = self.lora_inputs[i]
-            out = self._kernel("decode", i, tier).run({
-                "x": x, **step, **lora,
-                "k_cache": cache.k[i, :, :tier].reshape(heads),  # [C, T] -> [Hkv, 1, Dh, T]
-                "v_cache": cache.v[i, :, :tier].reshape(heads)},
-                exact=(*lora, "k_cache", "v_cache", *(() if i == 0 else ("x",))))
-            cache.k[i, :, pos] = out["k_new"][..., 0].reshape(-1)  # [Hkv, 1, Dh, W] -> column 0 -> [C]
-            cache.v[i, :, pos] = out["v_new"][..., 0].reshape(-1)
-            if self.columns == 1:
-                x = out["y"]
-            else:  # column 0 goes on; the padding restarts from zeros
-                x = np.zeros_like(x)
-                x[..., 0] = out["y"][..., 0]
+            req = cache.request(i, self._kernel("decode", i, tier), tier, heads)
+            for name, a in (step | self.lora_inputs[i]).items():  # fp16 values already
+                req.write(name, a, exact=True)
+            req.write("x", x, exact=i > 0)
+            out = req.run()
+            cache.put(i, pos, out["k_new"][..., :1], out["v_new"][..., :1])  # column 0: the token's
+            x[..., 0] = out["y"][..., 0]  # column 0 goes on; the padding stays zeros
         cache.advance(1)
         return x[..., 0].reshape(1, d).astype(np.float32) * self.stream_scale  # [1, D, 1, W] -> [1, D]
 
@@ -242,3 +265,11 @@ class DeviceRunner:
             self.kernels[key] = Kernel(art, self.dev, float32_outputs=True,
                                        read_columns=1 if kind == "decode" else None)
         return self.kernels[key]
+
+
+def _half(w):
+    """A weight matrix as fp16 (what its blob holds; the programs are compiled from it);
+    anything else (int8 weights, vectors) as it is."""
+    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype == np.float32:
+        return to_half(w)
+    return w

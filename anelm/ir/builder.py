@@ -51,7 +51,10 @@ class GraphBuilder:
               blob: bool | None = None) -> Value:
         """A const; inline when small (scalars, int vectors), else a BLOBFILE unless `blob` says."""
         arr = np.asarray(array)
-        if dtype == "fp16":
+        if dtype == "fp16" and arr.dtype == np.float16 and arr.flags.c_contiguous:
+            arr = arr.view()  # already fp16 (a runner's folded weights): shared, never written
+            arr.flags.writeable = False
+        elif dtype == "fp16":
             arr = to_half(arr)  # numpy's cast, bit for bit, at memory speed
         elif dtype is not None:
             arr = arr.astype(np_dtype(dtype))

@@ -18,6 +18,7 @@ literal, a BLOBFILE reference, or a tuple of those (concat's `values`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -72,7 +73,7 @@ class TensorType:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape) if self.shape else 1  # not np.prod: read per request, 10x its cost
 
     @property
     def nbytes(self) -> int:

@@ -85,7 +85,13 @@ class CausalLM:
         raise NotImplementedError
 
     def head(self, x: np.ndarray) -> np.ndarray:
+        """Final norm, then the vocabulary projection by the weight named `head_name`."""
         raise NotImplementedError
+
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    head_name: str  # the weight the head multiplies by (the embedding, when tied)
 
     # --- Runner interface ---
     def new_cache(self) -> KVCache:

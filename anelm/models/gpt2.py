@@ -101,10 +101,15 @@ class Model(CausalLM):
         x = x + self.attend(i, self._ln(p + "ln_1", x), cache)
         return x + self.mlp(i, self._ln(p + "ln_2", x))
 
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        return self._ln("transformer.ln_f", x)
+
+    @property
+    def head_name(self) -> str:
+        return "transformer.wte.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+
     def head(self, x: np.ndarray) -> np.ndarray:
-        w = self.weights
-        return linear(self._ln("transformer.ln_f", x),
-                      w["transformer.wte.weight" if self.config.tie_word_embeddings else "lm_head.weight"])
+        return linear(self.final_norm(x), self.weights[self.head_name])
 
 
 def build(config: GPT2Config, weights: dict[str, np.ndarray]) -> Model:

@@ -104,10 +104,15 @@ class Model(CausalLM):
         x = x + self.attend(i, rms_norm(x, self.weights[p + "input_layernorm.weight"], eps), rope, cache)
         return x + self.mlp(i, rms_norm(x, self.weights[p + "post_attention_layernorm.weight"], eps))
 
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        return rms_norm(x, self.weights["model.norm.weight"], self.config.rms_norm_eps)
+
+    @property
+    def head_name(self) -> str:
+        return "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+
     def head(self, x: np.ndarray) -> np.ndarray:
-        w = self.weights
-        x = rms_norm(x, w["model.norm.weight"], self.config.rms_norm_eps)
-        return linear(x, w["model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"])
+        return linear(self.final_norm(x), self.weights[self.head_name])
 
 
 def build(config: LlamaConfig, weights: dict[str, np.ndarray]) -> Model:

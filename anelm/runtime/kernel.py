@@ -14,6 +14,7 @@ profile's order (alphabetical by MIL name in `strict`).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Collection
 
@@ -125,7 +126,7 @@ class Kernel:
             got = {}
             for spec, s in zip(self.outputs, self._out_surfaces):
                 if self.float32_outputs and spec.dtype == "fp16":
-                    got[spec.name] = s.share_half(int(np.prod(spec.shape))).reshape(spec.shape)
+                    got[spec.name] = s.share_half(math.prod(spec.shape)).reshape(spec.shape)
                 else:
                     raw = s.read(spec.nbytes)
                     got[spec.name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape)

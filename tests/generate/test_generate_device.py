@@ -22,7 +22,7 @@ torch = hf_tiny.torch
 from anelm.device.base import compile_count  # noqa: E402
 from anelm.device.emulator import Emulator  # noqa: E402
 from anelm.chip.profile import STRICT  # noqa: E402
-from anelm.generate.device_plan import plan_sizes  # noqa: E402
+from anelm.generate.device_plan import DeviceCache, plan_sizes  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.generate.runner import Runner, make_runner  # noqa: E402
 from anelm.models.errors import ContextError  # noqa: E402
@@ -43,13 +43,13 @@ def device():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, device):
-    """kind -> (runner, HF model, config)."""
+    """kind -> (runner, HF model, config, float32 weights)."""
     root = tmp_path_factory.mktemp("device")
     out = {}
     for i, kind in enumerate(KINDS):
         hf = hf_tiny.make_hf(kind, root / kind, seed=10 + i)
         config, weights, _ = load_model(root / kind)
-        out[kind] = (build_runner(config, weights, device), hf, config)
+        out[kind] = (build_runner(config, weights, device), hf, config, weights)
     return out
 
 
@@ -86,7 +86,7 @@ def check_against_hf(hf, prompt, tokens, logits) -> int:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_generation_follows_hf(models, kind):
-    runner, hf, _ = models[kind]
+    runner, hf, _, _ = models[kind]
     assert isinstance(runner, Runner) and runner.device == "emulator"
     decisive = sum(check_against_hf(hf, p, *greedy_run(runner, p, N_NEW)) for p in PROMPTS)
     assert decisive >= 0.5 * N_NEW * len(PROMPTS), f"only {decisive} decisive steps: the check is vacuous"
@@ -94,7 +94,7 @@ def test_greedy_generation_follows_hf(models, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_prefill_logits_of_every_position_match_hf(models, kind):
-    runner, hf, _ = models[kind]
+    runner, hf, _, _ = models[kind]
     ids = np.random.default_rng(3).integers(0, 96, 40).tolist()  # bucket 64: all of the context's ladder
     got = runner.prefill(ids, runner.new_cache())
     assert got.shape == (40, 96)
@@ -103,7 +103,7 @@ def test_prefill_logits_of_every_position_match_hf(models, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_cached_decode_matches_full_recompute(models, kind):
-    runner, _, _ = models[kind]
+    runner, _, _, _ = models[kind]
     prompt, more = [1, 5, 9, 22, 3], np.random.default_rng(1).integers(0, 96, 14).tolist()
     cache = runner.new_cache()
     steps = [runner.prefill(prompt, cache, last_only=True)[-1]]
@@ -116,8 +116,8 @@ def test_cached_decode_matches_full_recompute(models, kind):
 
 
 def test_compiles_per_layer_and_bucket_not_per_token(models, cold_compiles):
-    _, _, config = models["llama-gqa"]
-    runner = build_runner(config, models["llama-gqa"][0].cpu.weights, Emulator(NOBUDGET))
+    _, _, config, weights = models["llama-gqa"]
+    runner = build_runner(config, weights, Emulator(NOBUDGET))
     layers, before = config.num_hidden_layers, compile_count()
     greedy_run(runner, [1, 5, 9], 20)  # bucket 16, positions 3..22: one decode tier
     assert compile_count() - before == layers * (1 + 1)
@@ -151,7 +151,7 @@ def test_sizes_are_io_widths_in_the_profiles_multiple():
 
 
 def test_context_is_enforced(models):
-    runner, _, config = models["gpt2"]
+    runner, _, config, _ = models["gpt2"]
     cache = runner.new_cache()
     assert cache.capacity == config.max_position_embeddings == 64
     with pytest.raises(ContextError):
@@ -163,8 +163,8 @@ def test_context_is_enforced(models):
 
 
 def test_make_runner_builds_the_device_pipeline(models, device):
-    _, _, config = models["qwen3-tied"]
-    runner = make_runner(config, models["qwen3-tied"][0].cpu.weights, device)
+    _, _, config, weights = models["qwen3-tied"]
+    runner = make_runner(config, weights, device)
     assert runner.device == "emulator" and type(runner).__name__ == "DeviceRunner"
 
 
@@ -191,3 +191,84 @@ def test_cli_generate_on_the_emulator(cli_model, capsys, fresh_compile_count):
     ref = hf_tiny.hf_logits(hf, prompt + ids)[len(prompt) - 1:]
     expect = ids + ([] if len(ids) == 10 else [2])
     assert len(ids) > 0 and sum(check_choice(theirs, tok, i) for i, (theirs, tok) in enumerate(zip(ref, expect))) > 0
+
+
+def resident_steps(kernel) -> int:
+    """How many of a kernel's steps hold their conv weight as fp16 (device/emulator_matvec)."""
+    from anelm.device.emulator_matvec import ResidentConv
+
+    return sum(isinstance(st.fn, ResidentConv) for st in kernel.model.plan.steps)
+
+
+def test_decode_across_a_tier_keeps_its_cache_in_the_requests(tmp_path, monkeypatch):
+    """A context of 128 gives two decode tiers (64, 128): positions 20..89 cross from the first
+    into the second, whose requests are filled from the host cache once, then one column per
+    token. Every step against HF (§6) and against one prefill pass over the whole sequence
+    (KV_TOL); every decode conv and the head go through the fp16 matrix-vector product."""
+    from dataclasses import replace
+
+    from anelm.device import emulator_matvec
+
+    hf = hf_tiny.make_hf("llama-gqa", tmp_path / "m", seed=31)
+    config, weights, _ = load_model(tmp_path / "m")
+    config = replace(config, max_position_embeddings=128)  # RoPE: HF runs any position
+    runner = build_runner(config, weights, Emulator(NOBUDGET))
+    assert runner.plan.decode == (64, 128)
+    ids = np.random.default_rng(4).integers(0, 96, 90).tolist()
+    cache = runner.new_cache()
+    steps = [runner.prefill(ids[:20], cache, last_only=True)[-1]]
+    calls, real = [], emulator_matvec.half_matvec
+    monkeypatch.setattr(emulator_matvec, "half_matvec", lambda bits, x: calls.append(bits.shape) or real(bits, x))
+    for t in ids[20:-1]:
+        calls.clear()
+        steps.append(runner.decode(t, cache))
+        tier = runner.plan.tier(cache.length - 1)
+        convs = sum(resident_steps(runner.kernels[("decode", i, tier)]) for i in range(config.num_hidden_layers))
+        assert convs >= 3 * config.num_hidden_layers and len(calls) == convs + 1  # + the head
+    assert {k[2] for k in runner.kernels if k[0] == "decode"} == {64, 128} and cache.width == 128
+    steps = np.stack(steps)
+    ref = hf_tiny.hf_logits(hf, ids)[19:-1]
+    assert rel_err(steps, ref) <= LOGITS_TOL
+    full = runner.prefill(ids[:-1], runner.new_cache())[19:]  # bucket 128, no decode at all
+    assert rel_err(steps, full) <= KV_TOL
+
+
+def test_the_runner_keeps_fp16_layers_and_head_only(models):
+    from anelm.device.emulator_matvec import HalfMatrix
+
+    for kind in ("llama-gqa", "gpt2"):
+        runner, _, config, weights = models[kind]
+        kept = runner.cpu.weights
+        layer = [k for k in weights if k.startswith(("model.layers.", "transformer.h."))]
+        assert not [k for k in layer if k in kept and np.ndim(kept[k]) == 2]  # no float32 layer matrix
+        assert all(k in kept for k in layer if np.ndim(weights[k]) == 1)  # norm vectors, for adapters
+        assert {w.dtype for p in runner.layers for w, _ in p.values() if np.ndim(w) == 2} == {np.dtype(np.float16)}
+        assert isinstance(runner.head, HalfMatrix)
+
+
+def test_a_warm_kernel_cache_decodes_as_the_cold_compile(models, tmp_path, monkeypatch):
+    """Programs loaded from the on-disk kernel cache (a new device: nothing in the process-wide
+    program cache) give the cold compile's logits bit for bit, and compile nothing."""
+    monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ANELM_KERNEL_CACHE_MB", raising=False)
+    _, _, config, weights = models["qwen3-untied"]
+    cold = build_runner(config, weights, Emulator(NOBUDGET))
+    before = compile_count()
+    tokens, logits = greedy_run(cold, [1, 5, 9, 22], 10)
+    assert compile_count() - before == 2 * config.num_hidden_layers
+    warm = build_runner(config, weights, Emulator(NOBUDGET))  # kept apart from `cold`: another device
+    before = compile_count()
+    again, logits_again = greedy_run(warm, [1, 5, 9, 22], 10)
+    assert compile_count() == before and again == tokens
+    np.testing.assert_array_equal(logits_again, logits)
+    assert all(k.model.func is None for k in warm.kernels.values())  # every plan replayed from its record
+
+
+def test_a_growing_cache_keeps_its_positions_and_zeros_the_rest():
+    cache = DeviceCache(2, 3, 64)
+    cache.reserve(16)
+    cache.k[:, :, :5], cache.v[:, :, :5] = 1.5, -2.0
+    cache.reserve(64)
+    assert cache.width == 64 and cache.k.dtype == cache.v.dtype == np.float16
+    assert (cache.k[:, :, :5] == 1.5).all() and (cache.v[:, :, :5] == -2.0).all()
+    assert not cache.k[:, :, 5:].any() and not cache.v[:, :, 5:].any()

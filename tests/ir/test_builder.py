@@ -166,3 +166,21 @@ def test_build_is_deterministic():
         b.output("y", b.silu(b.linear(x, np.ones((8, 8)), name="w1")) * 2.0)
         return str(b.build())
     assert make() == make()
+
+
+def test_an_fp16_weight_is_shared_read_only_and_compiles_as_its_float32_values():
+    from anelm.compiler.pipeline import compile_graph
+
+    w32 = (RNG.standard_normal((48, 32)) * 0.1).astype(np.float16).astype(np.float32)
+    w16 = w32.astype(np.float16)
+
+    def artifact(w):
+        b = GraphBuilder("lin")
+        b.output("y", b.linear(b.input("x", [1, 32, 1, 16]), w))
+        return b, compile_graph(b.build())
+    b16, a16 = artifact(w16)
+    shared = [n.value for n in b16.graph.nodes if n.op == "const" and np.shares_memory(n.value, w16)]
+    assert shared and not any(v.flags.writeable for v in shared)  # no copy, and no pass may write it
+    _, a32 = artifact(w32)
+    assert a16.key() == a32.key()  # the same program and blobs: the kernel cache cannot tell them apart
+    assert w16.flags.writeable and np.array_equal(w16, w32)  # the caller's array is left as it was

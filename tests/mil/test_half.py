@@ -28,3 +28,10 @@ def test_to_half_matches_numpy_on_ties_boundaries_and_a_sweep_of_float32():
     with np.errstate(all="ignore"):
         want = x.astype(np.float16)
     assert to_half(x).view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+
+
+def test_to_half_of_fp16_values_is_a_new_contiguous_copy():
+    h = np.tile(every_half(), 2)[::2]  # a strided view, large enough for the compiled path
+    got = to_half(h)
+    assert got.dtype == np.float16 and got.flags.c_contiguous and not np.shares_memory(got, h)
+    assert got.view(np.uint16).tobytes() == np.ascontiguousarray(h).view(np.uint16).tobytes()

@@ -83,6 +83,20 @@ def test_logits_against_the_cpu_reference(folders, scheme, tol):
     assert rel_err(got, cpu_logits(config, weights, scheme == "w8a8")) <= tol
 
 
+@pytest.mark.parametrize("scheme,tol", [("w8", 3e-2), ("w8a8", 6e-2)])
+def test_decode_through_the_int8_kernels_against_the_cpu_reference(folders, scheme, tol):
+    """The last 24 positions one token at a time through the int8 decode kernels (their cache
+    held in the requests' surfaces), against the same references as prefill."""
+    config, weights, _ = load_model(folders[scheme])
+    runner = build_runner(config, weights, "emulator", max_context=64)
+    cache = runner.new_cache()
+    got = [runner.prefill(IDS[:16], cache)]
+    got += [runner.decode(t, cache)[None] for t in IDS[16:]]
+    assert {k[0] for k in runner.kernels} == {"prefill", "decode"}
+    assert "tensor<int8, " in runner.kernels[("decode", 0, 64)].artifact.mil_text
+    assert rel_err(np.concatenate(got), cpu_logits(config, weights, scheme == "w8a8")) <= tol
+
+
 @pytest.mark.parametrize("scheme", list(PPL_LIMIT))
 def test_perplexity_ratio(folders, scheme):
     rep = json.loads((folders[scheme] / "quantization_report.json").read_text())
