@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
+        _shown.clear()
         return _main(argv)
 
 
@@ -93,6 +94,9 @@ def _main(argv: list[str]) -> int:
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 _show_other_warning = warnings.showwarning  # third-party warnings keep Python's own format
+# notices already printed by this command: Python's once-per-place rule forgets them whenever a
+# library touches the warning filters, and a real model's 60 programs would repeat one 60 times
+_shown: set[str] = set()
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -100,6 +104,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     if not Path(filename).resolve().is_relative_to(PACKAGE_DIR):
         return _show_other_warning(message, category, filename, lineno, file, line)
     text = str(message).splitlines()[0] if str(message) else category.__name__
+    if text in _shown:
+        return
+    _shown.add(text)
     print(f"anelm: warning: {text}", file=sys.stderr if file is None else file, flush=True)
 
 

@@ -42,3 +42,20 @@ def test_anelm_warnings_print_as_notice_lines(tmp_path, capsys, monkeypatch):
     lines = [line for line in err.splitlines() if "SRAM" in line]
     assert lines and all(line.startswith("anelm: warning: a program") for line in lines), err
     assert "UserWarning" not in err and "warnings.warn" not in err
+
+
+def test_one_notice_prints_once_per_command_even_when_the_filters_are_reset(tmp_path, capsys, monkeypatch):
+    import types
+
+    from anelm.compiler.passes import validate
+
+    monkeypatch.setattr(validate, "SRAM_BYTES", 1024)  # every program is "large"
+
+    def warn(*a, **k):  # a library touching the filters between programs forgets Python's once-rule
+        warnings.filterwarnings("ignore", message="an unrelated library's notice")
+        warnings.warn(*a, **{**k, "stacklevel": k.get("stacklevel", 1) + 1})
+
+    monkeypatch.setattr(validate, "warnings", types.SimpleNamespace(warn=warn))
+    assert main(["compile", "--dim", "32", "--heads", "2", "--seq", "16", "--layers", "3", "--out", str(tmp_path / "k")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "SRAM" in line]
+    assert len(lines) == 1, lines
