@@ -101,7 +101,7 @@ class DeviceRunner:
         quant = getattr(weights, "quant", None)  # a quantized folder (models/quantized.py): int8 linears
         self.layers = [(plan_layer(quant, i, s, w) if quant else layer_params(s, w))
                        for i, s in enumerate(self.shapes) for w in [layer_weights(config, self.cpu.weights, i)]]
-        self.rope = config.model_type != "gpt2"
+        self.rope = self.shapes[0].family.rotary
         if self.rope:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.kernels: dict[tuple[str, int, int], Kernel] = {}  # (kind, layer, size), compiled on first use
