@@ -191,7 +191,7 @@ def decode_program(config, tier: int) -> KernelCost:
 
     def build():
         s = layer_shape(config)
-        return decode_layer(s, layer_params(s, random_layer(config)), tier, config.model_type != "gpt2",
+        return decode_layer(s, layer_params(s, random_layer(config)), tier, s.family.rotary,
                             columns=STRICT.spatial_multiple_of)
     return compiled(("decode", _config_key(config), tier), build)[0]
 

@@ -111,7 +111,7 @@ class DeviceRunner:
                         (plan_layer(quant, i, s, w) if quant else layer_params(s, w)).items()}
                        for i, s in enumerate(self.shapes) for w in [layer_weights(config, self.cpu.weights, i)]]
         self.head = HalfMatrix(self.cpu.weights[self.cpu.head_name])
-        self.rope = config.model_type != "gpt2"
+        self.rope = self.shapes[0].family.rotary
         self._keep_cpu_side()
         if self.rope:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)

@@ -21,7 +21,7 @@ def decoder_layer(config, w: dict[str, np.ndarray], seq: int, index: int = 0, na
     """Layer `index` of a GPT-2 / Llama / Qwen3 config: x `[1, D, 1, S]` -> y, causal over S positions."""
     s = layer_shape(config, index)
     rope = None
-    if not s.gpt2:
+    if s.family.rotary:
         inv = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         rope = rope_full_tables(*rope_tables(np.arange(seq), inv))  # positions 0..S-1
     return prefill_layer(s, layer_params(s, w), seq, rope, name=name, kv_outputs=False)

@@ -96,7 +96,7 @@ def unfolded_params(shape, layer: dict[str, np.ndarray]) -> tuple[dict, dict[str
 
     unit = dict(layer)
     gains = {}
-    for norm, readers in NORM_READERS["gpt2" if shape.gpt2 else "llama"].items():
+    for norm, readers in NORM_READERS[shape.family.name].items():
         g = layer[norm + ".weight"]
         unit[norm + ".weight"] = np.ones_like(g)
         gains.update({r: np.asarray(g, np.float32) for r in readers})
@@ -106,7 +106,7 @@ def unfolded_params(shape, layer: dict[str, np.ndarray]) -> tuple[dict, dict[str
 def plan_layer(plan: QuantPlan, i: int, shape, layer: dict[str, np.ndarray]) -> dict:
     """Layer i's kernel params (`layer_params` form, HF names inside the layer in `layer`)
     with its linears as QLinear and the norm gains on their inputs."""
-    fam = "gpt2" if shape.gpt2 else "llama"
+    fam = shape.family.name
     pre = layer_prefix(fam, i)
     per = {}
     for key, parts in KERNEL_LINEARS[fam].items():

@@ -24,7 +24,7 @@ import numpy as np
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
 from ..models.layers import rope_full_width
-from ..models.names import layer_modules
+from .families import Family, family_for
 from .int8 import QLinear, quant_linear
 from .lora import add_lora
 from .norms import channel_norm, head_rms_norm
@@ -34,13 +34,13 @@ from .norms import channel_norm, head_rms_norm
 class LayerShape:
     """What a layer kernel needs to know besides its weights."""
 
-    gpt2: bool  # LayerNorm + biases + GELU(tanh) + learned positions; else Llama/Qwen3 (RMSNorm, SwiGLU)
+    family: Family  # how the layer differs by architecture (`kernels/families/`)
     d: int
     heads: int
     kv_heads: int
     head_dim: int
     eps: float
-    scale: float  # attention score scale (GPT-2 may scale by 1/(layer+1) too)
+    scale: float  # attention score scale (`Family.attention_scale`)
     stream_scale: float = 1.0  # the kernels carry the residual stream divided by this (see stream_scale_for)
 
     @property
@@ -54,15 +54,9 @@ class LayerShape:
 
 def layer_shape(config, index: int = 0) -> LayerShape:
     """The LayerShape of layer `index` of a model config (anelm.models.config)."""
-    gpt2 = config.model_type == "gpt2"
-    hd = config.head_dim
-    scale = 1.0 / math.sqrt(hd)
-    if gpt2:
-        scale = scale if config.scale_attn_weights else 1.0
-        scale = scale / (index + 1) if config.scale_attn_by_inverse_layer_idx else scale
-    eps = config.layer_norm_epsilon if gpt2 else config.rms_norm_eps
-    return LayerShape(gpt2, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                      hd, float(eps), scale)
+    f = family_for(config.model_type)
+    return LayerShape(f, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                      config.head_dim, float(f.norm_eps(config)), f.attention_scale(config, index))
 
 
 STREAM_PEAK = 4096.0  # the largest stream value the kernels should carry (stream_scale_for)
@@ -96,26 +90,19 @@ def layer_params(s: LayerShape, w: dict[str, np.ndarray]) -> dict[str, tuple[np.
     """HF weights of one layer (names inside the layer, `[out, in]`) -> {linear: (W, bias or None)}
     with the norm affines and the attention scale folded in; "q_norm"/"k_norm" hold Qwen3's
     per-head gains as (gain, None)."""
-    names = layer_modules("gpt2" if s.gpt2 else "qwen3")
-    get = lambda role: (w[names[role] + ".weight"], w.get(names[role] + ".bias"))  # noqa: E731
-    if s.gpt2:
-        (wqkv, bqkv), d = get("qkv"), s.d  # fused rows [q | k | v]
-        raw = {n: (wqkv[i * d:(i + 1) * d], bqkv[i * d:(i + 1) * d]) for i, n in enumerate("qkv")}
-        raw.update(o=get("o"), fc=get("fc"), proj=get("proj"))
-        norm1, norm2, mlp_in = get("attn_norm"), get("mlp_norm"), ("fc",)
-    else:
-        raw = {n: get(n) for n in ("q", "k", "v", "o", "gate", "up", "down")}
-        norm1, norm2, mlp_in = (get("attn_norm")[0], None), (get("mlp_norm")[0], None), ("gate", "up")
+    f = s.family
+    raw = f.linears(w, s.d)
+    norm1, norm2 = f.affine(w, "attn_norm"), f.affine(w, "mlp_norm")  # (gain, LayerNorm's shift or None)
     p = {n: _fold(*raw[n], *norm1) for n in "qkv"}
-    p.update({n: _fold(*raw[n], *norm2) for n in mlp_in})
+    p.update({n: _fold(*raw[n], *norm2) for n in f.mlp_inputs})
     p.update({n: raw[n] for n in raw if n not in p})
-    for n in ("o", "down", "proj"):  # the projections that write into the residual stream
-        if n in p and s.stream_scale != 1.0:
+    for n in f.stream_writers:
+        if s.stream_scale != 1.0:
             pw, pb = p[n]
             p[n] = (pw / np.float32(s.stream_scale), None if pb is None else pb / np.float32(s.stream_scale))
-    if not s.gpt2 and names["q_norm"] + ".weight" in w:  # Qwen3: the scale goes after the q norm, into its gain
-        p["q_norm"] = (get("q_norm")[0] * np.float32(s.scale), None)
-        p["k_norm"] = (get("k_norm")[0], None)
+    if f.head_norms(w):  # Qwen3: the scale goes after the q norm, into its gain
+        p["q_norm"] = (f.affine(w, "q_norm")[0] * np.float32(s.scale), None)
+        p["k_norm"] = (f.affine(w, "k_norm")[0], None)
     else:  # RoPE is linear, so scaling q before it is scaling the scores
         wq, bq = p["q"]
         p["q"] = (wq * np.float32(s.scale), None if bq is None else bq * np.float32(s.scale))
@@ -164,7 +151,7 @@ def declare_inputs(b: GraphBuilder, shapes: dict[str, list[int]]) -> dict[str, V
 
 def stream_norm(b: GraphBuilder, s: LayerShape, x: Value, name: str) -> Value:
     """The layer's norm of the (scaled) residual stream: eps scales with the stream's square."""
-    return channel_norm(b, x, s.eps / s.stream_scale ** 2, s.gpt2, name)
+    return channel_norm(b, x, s.eps / s.stream_scale ** 2, s.family.layer_norm, name)
 
 
 def layer_front(b: GraphBuilder, s: LayerShape, p: dict, x: Value, rope: tuple[Value, Value] | None,
@@ -196,13 +183,7 @@ def layer_front(b: GraphBuilder, s: LayerShape, p: dict, x: Value, rope: tuple[V
 def layer_back(b: GraphBuilder, s: LayerShape, p: dict, x: Value, attn: Value, lora: dict | None = None) -> Value:
     """Output projection and residual, then norm, MLP and residual: the next hidden state."""
     x2 = b.add(x, _lin(b, attn, p, "o", lora), name="resid1")
-    h = stream_norm(b, s, x2, "mlp_norm")
-    if s.gpt2:
-        m = _lin(b, b.gelu_tanh(_lin(b, h, p, "fc", lora), as_sigmoid=True), p, "proj", lora)  # strict rejects `gelu`
-    else:  # SwiGLU; silu as x·sigmoid(x) (CONTRACTS §2 conservative form)
-        g = _lin(b, h, p, "gate", lora)
-        act = b.mul(g, b.sigmoid(g, name="mlp_sig"), name="mlp_silu")
-        m = _lin(b, b.mul(act, _lin(b, h, p, "up", lora), name="mlp_prod"), p, "down", lora)
+    m = s.family.mlp(b, stream_norm(b, s, x2, "mlp_norm"), lambda v, key: _lin(b, v, p, key, lora))
     return b.add(x2, m, name="resid2")
 
 

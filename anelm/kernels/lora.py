@@ -30,13 +30,7 @@ import numpy as np
 from ..chip.profile import padded_width
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
-from ..models.names import layer_modules
-
-# kernel projection -> the model roles whose rows it holds, in row order
-SLOT_ROLES = {"gpt2": {"qkv": ("qkv",), "o": ("o",), "fc": ("fc",), "proj": ("proj",)},
-              "llama": {"qkv": ("q", "k", "v"), "o": ("o",), "gate": ("gate",), "up": ("up",), "down": ("down",)}}
-NORM_BEFORE = {"qkv": "attn_norm", "gate": "mlp_norm", "up": "mlp_norm", "fc": "mlp_norm"}
-WRITES_STREAM = ("o", "down", "proj")
+from .families import family_for
 
 
 @dataclass(frozen=True)
@@ -69,16 +63,16 @@ def plan_slots(config, rank: int, roles: tuple[str, ...], multiple: int = 1) -> 
     from ..models.adapters import projection_shape
 
     rank = padded_width(rank, multiple)
-    family = "gpt2" if config.model_type == "gpt2" else "llama"
+    family = family_for(config.model_type)
     slots = []
-    for key, members in SLOT_ROLES[family].items():
+    for key, members in family.slot_roles.items():
         shapes = {r: projection_shape(config, r) for r in members}  # (out, in)
         starts = dict(zip(members, np.cumsum([0] + [shapes[r][0] for r in members]).tolist()))
         chosen = tuple(r for r in members if r in roles)
         if chosen:
             slots.append(Slot(key, chosen, rank, shapes[members[0]][1], sum(o for o, _ in shapes.values()),
                               tuple(starts[r] for r in chosen), tuple(shapes[r][0] for r in chosen),
-                              family == "gpt2" and key in NORM_BEFORE))
+                              family.layer_norm and family.reads_norm(key) is not None))
     return tuple(slots)
 
 
@@ -123,16 +117,15 @@ def layer_lora(s, slots: tuple[Slot, ...], w: dict[str, np.ndarray], pairs: dict
     the layer, as `layer_params` takes them), `pairs` role -> (A [r, in], B [out, r]) of the
     adapter (roles it lacks are zeros: the base alone), `scale` the adapter's alpha/r. `s` is
     the layer's LayerShape (the attention and stream scales)."""
-    names = layer_modules("gpt2" if s.gpt2 else "qwen3")
-    q_scale = 1.0 if (not s.gpt2 and names["q_norm"] + ".weight" in w) else s.scale  # Qwen3: in q_norm
+    f = s.family
+    q_scale = 1.0 if f.head_norms(w) else s.scale  # Qwen3: in q_norm
     arrays = {}
     for slot in slots:
         a = np.zeros((slot.rows, slot.inp), np.float32)
         bm = np.zeros((slot.out, slot.rows), np.float32)
         c = np.zeros((slot.rows, 1), np.float32)
-        norm = NORM_BEFORE.get(slot.key)
-        gain = w[names[norm] + ".weight"] if norm else None
-        shift = w.get(names[norm] + ".bias") if norm else None
+        norm = f.reads_norm(slot.key)
+        gain, shift = f.affine(w, norm) if norm else (None, None)
         for j, (role, row, count) in enumerate(zip(slot.roles, slot.row_offsets, slot.row_counts)):
             if role not in pairs:
                 continue
@@ -145,7 +138,7 @@ def layer_lora(s, slots: tuple[Slot, ...], w: dict[str, np.ndarray], pairs: dict
             if role in ("q", "qkv"):  # the attention scale rides on the query rows
                 q_rows = slice(row, row + (s.d if role == "qkv" else count))
                 bm[q_rows, cols] *= np.float32(q_scale)
-        if slot.key in WRITES_STREAM:
+        if slot.key in f.stream_writers:
             bm /= np.float32(s.stream_scale)
         arrays[f"lora_{slot.key}_a"] = np.ascontiguousarray(a.T)[None, None]
         arrays[f"lora_{slot.key}_b"] = bm[None, None]

@@ -50,11 +50,9 @@ from ..chip.profile import padded_width
 from ..errors import ShapeError
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Graph, Value
-from ..models.names import weight_name
 from . import training_attn
+from .families import Family, family_for
 
-# weight role of the kernels -> the layer part it is (anelm.models.names)
-LAYER_ROLE = {"wq": "q", "wk": "k", "wv": "v", "wo": "o", "w1": "gate", "w3": "up", "w2": "down"}
 FORWARD = ("qkv", "wo", "ffn_up", "ffn_down")            # stage Wᵀ
 BACKWARD = ("ffn_down_dx", "ffn_up_dx", "wo_dx", "qkv_dx")  # stage W
 WEIGHTED = FORWARD + BACKWARD
@@ -91,7 +89,7 @@ class Dims:
     @classmethod
     def from_config(cls, cfg, seq_len: int) -> "Dims":
         return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                   cfg.num_key_value_heads, cfg.head_dim, int(seq_len), cfg.model_type != "gpt2")
+                   cfg.num_key_value_heads, cfg.head_dim, int(seq_len), family_for(cfg.model_type).gated)
 
 
 
@@ -226,26 +224,12 @@ def kernel_roles(kind: str, m: Dims) -> tuple[str, ...]:
     return tuple(r for r in ROLES.get(kind, ()) if m.gated or r != "w3")
 
 
-GPT2_PART = {"wo": "o", "w1": "fc", "w2": "proj"}  # GPT-2's layer parts of the other roles
-
-
-def layer_matrix(weights: dict[str, np.ndarray], layer: int, role: str, model_type: str = "llama") -> np.ndarray:
-    """W `[out, in]` of a kernel role; GPT-2's q, k, v are the row thirds of the fused c_attn."""
-    if model_type != "gpt2":
-        return weights[weight_name(model_type, layer, LAYER_ROLE[role])]
-    if role in ("wq", "wk", "wv"):
-        qkv = weights[weight_name("gpt2", layer, "qkv")]
-        third = qkv.shape[0] // 3
-        at = ("wq", "wk", "wv").index(role) * third
-        return qkv[at:at + third]
-    return weights[weight_name("gpt2", layer, GPT2_PART[role])]
-
-
-def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int, model_type: str = "llama",
+def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int, family: Family,
                m: Dims | None = None) -> dict[str, np.ndarray]:
-    """The matrices M a weighted kernel stages for one layer: Wᵀ forward, W for dx."""
+    """The matrices M a weighted kernel stages for one layer (`family.layer_matrix` finds each
+    role's W in the HF weights): Wᵀ forward, W for dx."""
     roles = kernel_roles(kind, m) if m is not None else ROLES.get(kind, ())
-    mats = {role: layer_matrix(weights, layer, role, model_type) for role in roles}
+    mats = {role: family.layer_matrix(weights, layer, role) for role in roles}
     return {r: w.T for r, w in mats.items()} if kind in FORWARD else mats
 
 

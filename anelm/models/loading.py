@@ -91,11 +91,19 @@ def read_config(folder: Path) -> ModelConfig:
     return config_from_dict(d, str(f), complete=True)
 
 
-def latest_checkpoint(run: Path) -> Path | None:
-    """The highest-step `checkpoints/step-N.safetensors` of a RUN folder (temp files ignored)."""
-    steps = [(int(m.group(1)), f) for f in (run / "checkpoints").glob("step-*.safetensors")
-             if (m := STEP_FILE.fullmatch(f.name))]
-    return max(steps)[1] if steps else None
+def list_checkpoints(run: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of every complete `checkpoints/step-N.safetensors` of a RUN folder, oldest
+    first (temp files are not matched)."""
+    d = Path(run) / "checkpoints"
+    if not d.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in d.iterdir() if (m := STEP_FILE.fullmatch(p.name)))
+
+
+def latest_checkpoint(run: str | os.PathLike) -> Path | None:
+    """The checkpoint of a RUN folder with the highest step, or None."""
+    found = list_checkpoints(run)
+    return found[-1][1] if found else None
 
 
 def _read_folder(d: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:

@@ -59,6 +59,12 @@ def family_members(name: str) -> tuple[str, ...]:
     return tuple(t for t, f in FAMILY.items() if f == name)
 
 
+def family_modules(name: str) -> dict[str, str]:
+    """role -> HF module path inside a layer, for every member of family `name` (Llama's
+    roles and Qwen3's q/k norms)."""
+    return {r: m for t in family_members(name) for r, m in MODULES[t].items()}
+
+
 def model_weight(model_type: str, role: str) -> str:
     """The HF name of a weight outside the layers: `embed`, `positions`, `final_norm`, `head`."""
     return MODEL_WEIGHTS[model_type][role]

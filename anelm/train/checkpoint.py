@@ -14,18 +14,18 @@ sees a half-written file. The file is streamed tensor by tensor
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+# the RUN folder's checkpoints are found where the loaders read them (models/loading.py)
+from ..models.loading import latest_checkpoint, list_checkpoints  # noqa: F401 - latest_checkpoint re-exported
 from ..models.safetensors_io import SafetensorsError, read_safetensors, save_safetensors
 from .errors import CheckpointError
 
 FORMAT = "anelm.checkpoint/1"
 OPT_PREFIX = "optimizer."
-_NAME = re.compile(r"step-(\d+)\.safetensors")
 # config keys that fix tensor shapes or meaning; a checkpoint must agree on all of them
 SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
               "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")
@@ -46,21 +46,6 @@ class Checkpoint:
 
 def checkpoint_path(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step-{step:06d}.safetensors"
-
-
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint, oldest first (temp files are not matched)."""
-    d = Path(run_dir) / "checkpoints"
-    if not d.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.fullmatch(p.name))]
-    return sorted(found)
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The checkpoint with the highest step, or None."""
-    found = list_checkpoints(run_dir)
-    return found[-1][1] if found else None
 
 
 # ------------------------------------------------------------------------------ saving

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.names import family, family_members, layer_modules
+from ..kernels.families import family_for
+from ..models.names import family_members, layer_modules
 from .errors import TrainError
 
 # what the device training steps implement (step.py: the Llama family; step_gpt2.py: GPT-2)
 TRAINABLE_TYPES = family_members("llama") + family_members("gpt2")
-RESIDUAL_ROLES = {"llama": ("o", "down"), "gpt2": ("o", "proj")}  # projections into the stream
 
 
 def model_config(cfg: dict):
@@ -49,7 +49,7 @@ def init_weights(config, seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
     rng = np.random.Generator(np.random.PCG64(seed))
     residual_std = std / math.sqrt(2 * config.num_hidden_layers)
     modules = layer_modules(config.model_type)
-    residual = tuple(f"{modules[r]}.weight" for r in RESIDUAL_ROLES[family(config.model_type)])
+    residual = tuple(f"{modules[r]}.weight" for r in family_for(config.model_type).stream_writers)
     out = {}
     for name, shape in weight_shapes(config).items():
         if len(shape) == 1:  # norm scales (input, post-attention, final, q/k norms) and biases

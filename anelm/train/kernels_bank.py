@@ -1,6 +1,6 @@
 """Compiled training kernels on a device, one request per (kernel, layer): the dynamic pipeline.
 
-    bank = DynamicBank(dims, device, weights, n_layers)
+    bank = DynamicBank(dims, device, weights, n_layers, family_for(config.model_type))
     out = bank.run("qkv", layer, {"xn": xn})          # [C, S] float32 in and out, one sequence
     bank.set_weights(new_weights)                      # restage the weight columns, no compile
     bank.stage_adapters(layer, a, sb)                  # LoRA: restage the adapter blocks only
@@ -23,6 +23,7 @@ from ..compiler.passes.cost import kernel_flops
 from ..compiler.pipeline import compile_graph
 from ..device.fp16 import round_fp16
 from ..errors import CompileError
+from ..kernels.families import Family
 from ..kernels.training import (BACKWARD, WEIGHTED, WEIGHTLESS, Dims, LoraLayout, adapter_mats, build_graph,
                                 layer_mats, layouts)
 from ..runtime.kernel import Kernel, Request
@@ -38,10 +39,9 @@ class KernelBank:
 
     compiles_per_update = 0
 
-    def __init__(self, dims: Dims, device, n_layers: int, lora: LoraLayout | None = None,
-                 model_type: str = "llama"):
+    def __init__(self, dims: Dims, device, n_layers: int, family: Family, lora: LoraLayout | None = None):
         self.dims, self.device, self.n_layers, self.lora = dims, device, n_layers, lora
-        self.model_type = model_type
+        self.family = family  # where each layer's matrices are in the HF weights
         self.layouts = layouts(dims, lora)
         self.flops: dict[str, int] = {}
         self._kernels: list[Kernel] = []
@@ -115,9 +115,9 @@ class DynamicBank(KernelBank):
     compiles_per_update = 0
     dynamic = True
 
-    def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int,
-                 lora: LoraLayout | None = None, model_type: str = "llama"):
-        super().__init__(dims, device, n_layers, lora, model_type)
+    def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int, family: Family,
+                 lora: LoraLayout | None = None):
+        super().__init__(dims, device, n_layers, family, lora)
         for kind in WEIGHTED:
             kern = self._open(kind, build_graph(kind, dims, lora=lora))
             for layer in range(n_layers):
@@ -131,7 +131,7 @@ class DynamicBank(KernelBank):
         def stage(layer):
             rounded = _Rounded(weights)
             for kind in WEIGHTED:
-                mats = layer_mats(kind, rounded, layer, self.model_type, self.dims)
+                mats = layer_mats(kind, rounded, layer, self.family, self.dims)
                 self._stage(self._req[(kind, layer)], kind, mats, exact=True)
 
         with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:

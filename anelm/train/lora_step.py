@@ -34,7 +34,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UsageError
-from ..kernels.training import LAYER_ROLE, LoraLayout, drop_key, mask_key
+from ..kernels.families import family_for
+from ..kernels.training import LoraLayout, drop_key, mask_key
 from ..models.adapters import Adapter, LoraSpec, check_spec, projection_shape, target_modules
 from . import cpu_ops as ops
 from ..models.names import layer_prefix
@@ -43,16 +44,15 @@ from .step_gpt2 import GPT2TrainStep
 
 F32 = np.float32
 A_KEY, B_KEY = ".lora_A.weight", ".lora_B.weight"
-# layer part -> the kernel roles an adapter on it covers (GPT-2's fused c_attn: q, k and v)
-KERNEL_ROLES = {**{part: (role,) for role, part in LAYER_ROLE.items()},
-                "qkv": ("wq", "wk", "wv"), "fc": ("w1",), "proj": ("w2",)}
 DROPOUT_STREAM = 0x10DA  # keeps the masks' draws apart from every other use of the run's seed
 
 
 def lora_layout(config, spec: LoraSpec) -> LoraLayout:
-    """The kernels' view of `spec`: its rank and, per adapted layer part, the roles it covers."""
+    """The kernels' view of `spec`: its rank and, per adapted layer part, the kernel roles it
+    covers (`Family.part_roles`: GPT-2's fused c_attn covers wq, wk and wv)."""
     parts = dict.fromkeys(role for layer, role in target_modules(config, spec.targets).values() if layer == 0)
-    return LoraLayout(spec.rank, tuple((p, KERNEL_ROLES[p]) for p in parts), dropout=spec.dropout > 0)
+    roles = family_for(config.model_type).part_roles
+    return LoraLayout(spec.rank, tuple((p, roles[p]) for p in parts), dropout=spec.dropout > 0)
 
 
 def adapter_shapes(config, spec: LoraSpec) -> dict[str, tuple[int, int]]:
@@ -168,8 +168,9 @@ class LoraHooks:
         for path, (i, part) in self.modules.items():
             a, sb = per_layer[i]
             a[part], b = self.adapter[path + A_KEY], F32(self.scale) * self.adapter[path + B_KEY]
-            rows = np.cumsum([0] + [len(b) // len(KERNEL_ROLES[part])] * len(KERNEL_ROLES[part]))
-            for role, lo, hi in zip(KERNEL_ROLES[part], rows[:-1], rows[1:]):  # c_attn: q, k, v rows
+            roles = self.bank.family.part_roles[part]
+            rows = np.cumsum([0] + [len(b) // len(roles)] * len(roles))
+            for role, lo, hi in zip(roles, rows[:-1], rows[1:]):  # c_attn: q, k, v rows
                 sb[role] = b[lo:hi]
         for i, (a, sb) in enumerate(per_layer):
             self.bank.stage_adapters(i, a, sb)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..compiler.pipeline import compile_graph
 from ..errors import BlobError
+from ..kernels.families import Family
 from ..kernels.training import WEIGHTED, Dims, LoraLayout, build_graph, layer_mats
 from ..runtime.cache import ProgramCache
 from ..runtime.kernel import Kernel
@@ -36,9 +37,9 @@ from .kernels_bank import KernelBank
 class StaticBank(KernelBank):
     dynamic = False
 
-    def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int,
-                 lora: LoraLayout | None = None, model_type: str = "llama"):
-        super().__init__(dims, device, n_layers, lora, model_type)
+    def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int, family: Family,
+                 lora: LoraLayout | None = None):
+        super().__init__(dims, device, n_layers, family, lora)
         self.reload = bool(device.profile.reload_reads_new_weights)
         self.compiles_per_update = 0 if self.reload else len(WEIGHTED) * n_layers
         self._slots: dict[tuple[str, int], tuple[Kernel, ProgramCache]] = {}
@@ -47,7 +48,7 @@ class StaticBank(KernelBank):
                 self._compile(kind, layer, weights)
 
     def _graph(self, kind: str, layer: int, weights: dict[str, np.ndarray]):
-        return build_graph(kind, self.dims, layer_mats(kind, weights, layer, self.model_type, self.dims),
+        return build_graph(kind, self.dims, layer_mats(kind, weights, layer, self.family, self.dims),
                            lora=self.lora)
 
     def _compile(self, kind: str, layer: int, weights: dict[str, np.ndarray]) -> None:

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..chip.profile import padded_width
 from ..errors import ShapeError, UsageError
+from ..kernels.families import family_for
 from ..kernels.training import Dims
 from ..models.config import LlamaConfig
 from ..models.names import has_head_norms, layer_prefix, model_weight, weight_name
@@ -103,7 +104,7 @@ class DeviceTrainStep:
         self.w = _check_weights(config, weights)
         bank = DynamicBank if pipeline == "dynamic" else StaticBank
         # lora: kernels.training.LoraLayout, the adapter blocks of the LoRA step (lora_step.py)
-        self.bank = bank(self.kernel_dims, device, self.w, self.n_layers, lora, config.model_type)
+        self.bank = bank(self.kernel_dims, device, self.w, self.n_layers, family_for(config.model_type), lora)
         self._pool = WorkQueue("anelm-dw")
         self._blas = share_blas_between(2)  # device evals and dW run BLAS concurrently
         # the forward pass may take every core, but for small matrices (the tiny preset) the

@@ -21,6 +21,7 @@ from anelm.device.emulator import Emulator
 from anelm.device.emulator_columns import COLUMN_BLOCK, column_plan
 from anelm.ir.builder import GraphBuilder
 from anelm.kernels.decode import decode_layer
+from anelm.kernels.families import family_for
 from anelm.kernels.int8 import qlinear
 from anelm.kernels.layers import layer_params, layer_shape
 from anelm.kernels.prefill import prefill_layer
@@ -54,14 +55,14 @@ def _decode(kind: str, int8: bool = False):
     p = layer_params(s, random_layer(cfg, seed=7))
     if int8:  # the int8 linears of a quantized folder (W8), biases kept in fp16
         p = {n: (qlinear(w, InputQuant()), b) if w.ndim == 2 else (w, b) for n, (w, b) in p.items()}
-    return decode_layer(s, p, 64, rope=not s.gpt2, name=f"decode_{kind}", columns=W)
+    return decode_layer(s, p, 64, rope=s.family.rotary, name=f"decode_{kind}", columns=W)
 
 
 def _static_training(kind: str):
     cfg = CONFIGS["llama-gqa"]
     m = Dims.from_config(cfg, W)
     weights = {f"model.layers.0.{k}": v for k, v in random_layer(cfg, seed=3).items()}
-    mats = layer_mats(kind, weights, 0) if kind in WEIGHTED else None
+    mats = layer_mats(kind, weights, 0, family_for(cfg.model_type)) if kind in WEIGHTED else None
     return build_graph(kind, m, mats)
 
 

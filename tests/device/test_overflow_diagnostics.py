@@ -88,6 +88,7 @@ def test_a_kernel_with_warnings_off_is_silent(capsys):
 
 
 def test_training_dx_kernels_do_not_warn_and_forward_kernels_do(capsys):
+    from anelm.kernels.families import LLAMA
     from anelm.kernels.training import BACKWARD, FORWARD, Dims
     from anelm.train.kernels_bank import DynamicBank
 
@@ -97,7 +98,7 @@ def test_training_dx_kernels_do_not_warn_and_forward_kernels_do(capsys):
               "self_attn.v_proj.weight": (16, 32), "self_attn.o_proj.weight": (32, 32),
               "mlp.gate_proj.weight": (48, 32), "mlp.up_proj.weight": (48, 32), "mlp.down_proj.weight": (32, 48)}
     weights = {f"model.layers.0.{k}": rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
-    bank = DynamicBank(dims, Emulator(PROFILE), weights, n_layers=1)
+    bank = DynamicBank(dims, Emulator(PROFILE), weights, n_layers=1, family=LLAMA)
     try:
         # kernels are compiled under their kind's name
         assert {k.name for k in bank._kernels if not k.warn_overflow} == {*BACKWARD, "sdpa_bwd"}

@@ -1,0 +1,30 @@
+"""The Llama family (Llama, Qwen3, SmolLM2): RMSNorm, RoPE, SwiGLU, separate q/k/v projections
+(grouped-query attention), no biases, and Qwen3's per-head q/k RMSNorm when the layer has it."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from ...ir.builder import GraphBuilder
+from ...ir.graph import Value
+from ...models.names import PROJECTIONS
+from .base import Family
+
+
+class LlamaFamily(Family):
+    mlp_inputs = ("gate", "up")
+    stream_writers = ("o", "down")
+    projections = PROJECTIONS["llama"]
+    slot_roles = MappingProxyType({"qkv": ("q", "k", "v"), "o": ("o",), "gate": ("gate",), "up": ("up",),
+                                   "down": ("down",)})
+    part_roles = MappingProxyType({"q": ("wq",), "k": ("wk",), "v": ("wv",), "o": ("wo",), "gate": ("w1",),
+                                   "up": ("w3",), "down": ("w2",)})
+
+    def mlp(self, b: GraphBuilder, h: Value, lin) -> Value:
+        """SwiGLU: down(silu(gate·h) ⊙ up·h), silu as x·sigmoid(x) (CONTRACTS §2 conservative form)."""
+        g = lin(h, "gate")
+        act = b.mul(g, b.sigmoid(g, name="mlp_sig"), name="mlp_silu")
+        return lin(b.mul(act, lin(h, "up"), name="mlp_prod"), "down")
+
+
+FAMILY = LlamaFamily("llama")
