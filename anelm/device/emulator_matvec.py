@@ -7,8 +7,9 @@ bound by reading the weights, so float32 weights read twice the bytes the chip r
 twice the memory. Here a 1x1 conv's const weight is a `ResidentWeight` that takes the form its
 evaluations need:
 
-* evaluated one column at a time, it becomes the raw 16-bit fp16 patterns (`uint16`), and the
-  float32 copy is dropped; `matvec_fp16` widens each element as it streams past (the F16C
+* evaluated one column at a time, it is the raw 16-bit fp16 patterns (`uint16`): a view of the
+  BLOBFILE's bytes when the weight is a blob (`emulator_plan` never decodes it to float32), else
+  made from the float32 copy, which is then dropped; `matvec_fp16` widens each element as it streams past (the F16C
   instruction `vcvtph2ps`, which LLVM emits for the `fpext half` of `half_to_float32`) and
   accumulates in float32;
 * evaluated over more columns, it is (or becomes again, once, for good) float32 for BLAS.
@@ -84,13 +85,16 @@ def half_matvec(bits: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 class ResidentWeight:
-    """A 1x1 conv weight `[OC, C, 1(, 1)]` (float32 fp16 values) held in one form at a time:
-    fp16 patterns while every evaluation has been one column wide, float32 once one was wider."""
+    """A 1x1 conv weight `[OC, C, 1(, 1)]` held in one form at a time: fp16 patterns while every
+    evaluation has been one column wide, float32 once one was wider. `values` are float32 fp16
+    values, or float16 (a BLOBFILE's bytes, viewed in place: the patterns themselves, held as
+    they are, with no float32 copy made)."""
 
     def __init__(self, values: np.ndarray):
         self.shape = values.shape
-        self.f32: np.ndarray | None = values
-        self.f16: np.ndarray | None = None
+        half = values.dtype == np.float16
+        self.f32: np.ndarray | None = None if half else values
+        self.f16: np.ndarray | None = values.reshape(self.shape[0], -1).view(np.uint16) if half else None
         self.wide = False  # an evaluation over several columns has happened: float32 for good
         self._lock = threading.Lock()
 
@@ -141,16 +145,17 @@ class ResidentConv:
 
 
 def resident_conv(op: str, tensors: list, params: dict, consts: dict, dtype: str, profile: ChipProfile,
-                  held: dict[str, ResidentWeight]) -> tuple[ResidentConv, list] | None:
+                  held: dict[str, ResidentWeight], halves: dict[str, np.ndarray]) -> tuple[ResidentConv, list] | None:
     """(compute, tensors without the weight) for a 1x1 conv on a const fp16 weight whose sums the
-    fp32 accumulator forms, else None. `held` maps const names to their ResidentWeight, so a
-    weight that several convs read is held once."""
+    fp32 accumulator forms, else None. The weight is a const (float32) or, not decoded yet, an
+    fp16 blob view in `halves`. `held` maps const names to their ResidentWeight, so a weight that
+    several convs read is held once."""
     if op != "conv" or dtype != "fp16" or profile.compute_dtype != "fp16" or profile.accumulator != "fp32":
         return None
     keys = dict(tensors)
     wkey, xkey = keys.get("weight"), keys.get("x")
-    w = consts.get(wkey) if isinstance(wkey, str) else None
-    if not isinstance(w, np.ndarray) or w.dtype != np.float32 or w.ndim not in (3, 4) \
+    w = consts.get(wkey, halves.get(wkey)) if isinstance(wkey, str) else None
+    if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float16) or w.ndim not in (3, 4) \
             or any(d != 1 for d in w.shape[2:]) or not isinstance(xkey, str) or not _plain(params):
         return None
     if wkey not in held:

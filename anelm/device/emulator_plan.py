@@ -182,6 +182,7 @@ class _Builder:
             self.plan.types[name] = t
             self.plan.in_round[name] = make_rounder(t.dtype, profile)
         self.resident: dict[str, ResidentWeight] = {}  # conv weights held fp16 for the decode path
+        self.halves: dict[str, np.ndarray] = {}  # fp16 blob consts as blob views, not decoded yet
 
     def build(self, func: Function) -> Plan:
         for st in func.body:
@@ -199,6 +200,7 @@ class _Builder:
 
     def finish(self) -> Plan:
         p = self.plan
+        self.decoded(p.outputs)
         drop_bypassed(p, self.int8)
         # keep only the consts a step or the return reads: folded-away operands free their memory
         used = set(p.outputs)
@@ -216,12 +218,20 @@ class _Builder:
         return key
 
     def store(self, key: str, arg: Literal | BlobRef) -> None:
-        if isinstance(arg, BlobRef):
-            val = self.decode(arg)
-        else:
-            val = arg.value
-        self.plan.consts[key] = val if isinstance(val, str) else make_rounder(arg.type.dtype, self.profile)(val)
+        """A const; fp16 blob values (exact already) wait in `halves`, for a resident conv to hold as they lie."""
         self.plan.types[key] = arg.type
+        val = self.decode(arg) if isinstance(arg, BlobRef) else arg.value
+        if isinstance(arg, BlobRef) and arg.type.dtype == "fp16" and self.profile.compute_dtype == "fp16" \
+                and self.profile.saturate_above is None:
+            self.halves[key] = val
+        else:
+            self.plan.consts[key] = val if isinstance(val, str) else make_rounder(arg.type.dtype, self.profile)(val)
+
+    def decoded(self, keys) -> None:
+        """The `halves` among `keys` (names or lists of them) into the consts, as float32 fp16 values."""
+        for k in (k for key in keys for k in (key if isinstance(key, list) else [key])):
+            if k in self.halves and k not in self.plan.consts:
+                self.plan.consts[k] = round_fp16(self.halves[k])
 
     def decode(self, ref: BlobRef) -> np.ndarray:
         from ..mil.blob import decode_blob  # noqa: PLC0415 - sibling module, loaded on first blob
@@ -258,6 +268,7 @@ class _Builder:
         if isinstance(arg, Literal):
             return py_value(arg.value)
         key = self.tensor_key(st, arg_name, arg)
+        self.decoded([key])
         if not isinstance(key, str) or key not in self.plan.consts:
             raise CompileError(node_name(st), f"{st.op} param '{arg_name}' must be a const, got '{key}'",
                                "bind it to a const statement")
@@ -304,14 +315,16 @@ class _Builder:
     def place(self, node: str, op: str, tensors: list, params: dict, results: list[tuple[str, TensorType]]) -> None:
         """A resolved, checked statement into the plan: a step, or a fold of consts."""
         pr = self.profile
+        self.decoded(key for name, key in tensors if (op, name) != ("conv", "weight"))  # for resident_conv
         compute = accumulated(op, raw_compute(OP_TABLE[op]), results[0][1].dtype, pr)
         note(self.int8, op, dict(tensors), self.plan.consts, params, results[0][0])
         int8 = rewrite(self.int8, op, tensors, params, pr.quantize_rounding, pr.accumulator_limit, pr.accumulator)
         if int8 is not None:  # int8 weights stay int8; the sums are formed as the chip forms them
             compute, tensors = int8
-        elif (held := resident_conv(op, tensors, params, self.plan.consts, results[0][1].dtype, pr,
-                                    self.resident)) is not None:  # fp16 weights for one-column evaluations
+        elif (held := resident_conv(op, tensors, params, self.plan.consts, results[0][1].dtype, pr, self.resident,
+                                    self.halves)) is not None:  # fp16 weights for one-column evaluations
             compute, tensors = held
+        self.decoded(key for _, key in tensors)
         rounders = [self.rounder(op, tensors, t.dtype) for _, t in results]
         step = Step(node, op, compute, tensors, params, [(n, r) for (n, _), r in zip(results, rounders)],
                     checked=[_finite_unchanged if r is _unchanged else make_checked_rounder(t.dtype, pr)
