@@ -86,6 +86,7 @@ def stream(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..generate.device_plan import generation_context
     from ..generate.generate import check_prompt, generate
     from ..models.errors import InputError
 
@@ -97,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if not prompt_ids:
         raise InputError("the prompt is empty and the tokenizer has no BOS token: pass --prompt")
     check_prompt(len(prompt_ids), config.max_position_embeddings)  # before any device work
-    runner = start(args, config, weights)
+    # one generation never holds more than its prompt and its new tokens: programs sized to that
+    runner = start(args, config, weights, max_context=generation_context(len(prompt_ids) + args.max_tokens))
     del weights  # the runner keeps what it needs (a device runner: fp16 copies, not the float32 layers)
     res = generate(runner, tok, prompt_ids, on_text=None if args.json else stream, **opts)
     if args.json:

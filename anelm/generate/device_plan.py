@@ -54,6 +54,15 @@ DECODE_MIN = 64  # smallest cache tier
 MAX_CONTEXT = 4096  # default cap on the device context: cache inputs are C × T × 2 bytes each
 
 
+def generation_context(positions: int) -> int:
+    """The device context a one-shot generation of `positions` positions (prompt + new tokens)
+    asks for: the next power of two from DECODE_MIN, so decode reads a cache the size of the
+    job rather than the model's whole context (llama.cpp and mlx-lm attend only to the cells in
+    use), and runs of similar length share program sizes, hence kernel-cache entries. At most
+    MAX_CONTEXT, the default cap."""
+    return min(MAX_CONTEXT, 1 << max(DECODE_MIN.bit_length() - 1, (max(positions, 1) - 1).bit_length()))
+
+
 def ladder(lo: int, hi: int) -> list[int]:
     """lo, 2·lo, 4·lo, ... below hi, then hi itself."""
     sizes, s = [], lo

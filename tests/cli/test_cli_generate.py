@@ -254,3 +254,26 @@ def test_a_prompt_that_is_not_utf8_is_one_usage_error(model_dir, capsys):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr == ("anelm: error: chat: argument --system: byte 0xfe at character 3 "
                                               "is not UTF-8; expected UTF-8 text\n"), r.stderr
+
+
+@pytest.mark.parametrize("prompt, max_tokens, context", [("w5", 2, 64), ("w5 w9 w22 w40", 60, 64),
+                                                         ("w5 w9 w22 w40", 61, 128), ("w5", 3000, 4096)])
+def test_generate_sizes_the_device_programs_to_its_prompt_and_new_tokens(model_dir, capsys, monkeypatch,
+                                                                       prompt, max_tokens, context):
+    """Decode reads its whole cache tier every token: a one-shot generation asks for the positions
+    it can reach (rounded up to a power of two, at most MAX_CONTEXT), not the model's context."""
+    from anelm.models.loading import build_model
+
+    d, _ = model_dir
+    asked = []
+
+    def build_runner(config, weights, device, max_context=None, profile=None):
+        asked.append(max_context)
+        runner = build_model(config, weights)
+        runner.device = "emulator"
+        return runner
+
+    monkeypatch.setitem(sys.modules, "anelm.generate.pipeline", types.SimpleNamespace(build_runner=build_runner))
+    rc, _, _ = cli(capsys, "generate", "--model", str(d), "--prompt", prompt, "--max-tokens", str(max_tokens),
+                   "--device", "emulator", "--json")
+    assert rc == 0 and asked == [context]
