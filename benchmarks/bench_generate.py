@@ -94,14 +94,16 @@ def hf_side(model, prompt: list[int], tokens: int):
     return first, run(tokens) - first
 
 
-def anelm_side(folder: str):
-    """The emulator runner for the saved model (nothing compiled yet) and its tokenizer."""
+def anelm_side(folder: str, positions: int):
+    """The emulator runner for the saved model (nothing compiled yet) and its tokenizer, its
+    programs sized for `positions` (prompt + new tokens) as `anelm generate` sizes them."""
     from anelm.device.emulator import Emulator
+    from anelm.generate.device_plan import generation_context
     from anelm.generate.pipeline import build_runner
     from anelm.models.loading import load_model
 
     config, weights, tok = load_model(folder)
-    return build_runner(config, weights, Emulator()), tok
+    return build_runner(config, weights, Emulator(), generation_context(positions)), tok
 
 
 def hf_real(path: str):
@@ -275,7 +277,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     if args.model:
         t = time.perf_counter()
-        runner, tok = anelm_side(args.model)
+        runner, tok = anelm_side(args.model, args.prompt + args.tokens)
         load_ours = time.perf_counter() - t
         t = time.perf_counter()
         model = hf_real(args.model)
@@ -287,7 +289,7 @@ def main() -> int:
         prompt = np.random.default_rng(0).integers(0, 50257, args.prompt).tolist()
         with tempfile.TemporaryDirectory(prefix="anelm-bench-") as folder:
             model = make_model(folder, args.layers)
-            runner, _ = anelm_side(folder)
+            runner, _ = anelm_side(folder, args.prompt + args.tokens)
         what = f"GPT-2 shape: {args.layers} layers, 768 wide, vocabulary 50257"
     hf_side(model, prompt, 2)  # warm-up: first-call allocations and dispatch caches
     t, before = time.perf_counter(), compile_count()
