@@ -13,7 +13,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import ContextError, InputError, LoadError
-from .layers import KVCache
+from .layers import KVCache, linear
+from .names import model_weight
 
 
 def check_weights(weights: dict[str, np.ndarray], expected: dict[str, tuple[int, ...]],
@@ -84,14 +85,17 @@ class CausalLM:
     def block(self, i: int, x: np.ndarray, ctx: Any, cache: KVCache) -> np.ndarray:
         raise NotImplementedError
 
-    def head(self, x: np.ndarray) -> np.ndarray:
-        """Final norm, then the vocabulary projection by the weight named `head_name`."""
-        raise NotImplementedError
-
     def final_norm(self, x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    head_name: str  # the weight the head multiplies by (the embedding, when tied)
+    def head(self, x: np.ndarray) -> np.ndarray:
+        """Final norm, then the vocabulary projection by the weight named `head_name`."""
+        return linear(self.final_norm(x), self.weights[self.head_name])
+
+    @property
+    def head_name(self) -> str:
+        """The weight the head multiplies by: the embedding when the two are tied."""
+        return model_weight(self.config.model_type, "embed" if self.config.tie_word_embeddings else "head")
 
     # --- Runner interface ---
     def new_cache(self) -> KVCache:

@@ -104,13 +104,6 @@ class Model(CausalLM):
     def final_norm(self, x: np.ndarray) -> np.ndarray:
         return self._ln("transformer.ln_f", x)
 
-    @property
-    def head_name(self) -> str:
-        return "transformer.wte.weight" if self.config.tie_word_embeddings else "lm_head.weight"
-
-    def head(self, x: np.ndarray) -> np.ndarray:
-        return linear(self.final_norm(x), self.weights[self.head_name])
-
 
 def build(config: GPT2Config, weights: dict[str, np.ndarray]) -> Model:
     return Model(config, weights)

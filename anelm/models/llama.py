@@ -107,13 +107,6 @@ class Model(CausalLM):
     def final_norm(self, x: np.ndarray) -> np.ndarray:
         return rms_norm(x, self.weights["model.norm.weight"], self.config.rms_norm_eps)
 
-    @property
-    def head_name(self) -> str:
-        return "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
-
-    def head(self, x: np.ndarray) -> np.ndarray:
-        return linear(self.final_norm(x), self.weights[self.head_name])
-
 
 def build(config: LlamaConfig, weights: dict[str, np.ndarray]) -> Model:
     return Model(config, weights)
