@@ -76,22 +76,29 @@ def test_stop_strings_are_repeatable(model_dir, capsys):
     assert rc == 0 and json.loads(out)["text"] == f" {words[0]} {words[1]} "
 
 
-def test_device_hook_uses_the_pipeline_when_present(model_dir, capsys, monkeypatch):
+def fake_pipeline(monkeypatch) -> list[tuple[str, int | None]]:
+    """Stands a recording pipeline module in for anelm.generate.pipeline: its runners are the
+    CPU model reporting "emulator"; returns the (device, max_context) each build asked for."""
     from anelm.models.loading import build_model
 
-    d, _ = model_dir
     calls = []
 
     def build_runner(config, weights, device, max_context=None, profile=None):
-        calls.append(device)
+        calls.append((device, max_context))
         runner = build_model(config, weights)
         runner.device = "emulator"
         return runner
 
     monkeypatch.setitem(sys.modules, "anelm.generate.pipeline", types.SimpleNamespace(build_runner=build_runner))
+    return calls
+
+
+def test_device_hook_uses_the_pipeline_when_present(model_dir, capsys, monkeypatch):
+    d, _ = model_dir
+    calls = fake_pipeline(monkeypatch)
     rc, out, err = cli(capsys, "generate", "--model", str(d), "--prompt", "w5", "--max-tokens", "2",
                        "--device", "emulator", "--json")
-    assert rc == 0 and calls == ["emulator"] and json.loads(out)["device"] == "emulator"
+    assert rc == 0 and [dev for dev, _ in calls] == ["emulator"] and json.loads(out)["device"] == "emulator"
     monkeypatch.setitem(sys.modules, "anelm.generate.pipeline", None)  # as if the module did not exist
     rc, out, err = cli(capsys, "generate", "--model", str(d), "--prompt", "w5", "--max-tokens", "2",
                        "--device", "ane", "--json")
@@ -262,18 +269,8 @@ def test_generate_sizes_the_device_programs_to_its_prompt_and_new_tokens(model_d
                                                                        prompt, max_tokens, context):
     """Decode reads its whole cache tier every token: a one-shot generation asks for the positions
     it can reach (rounded up to a power of two, at most MAX_CONTEXT), not the model's context."""
-    from anelm.models.loading import build_model
-
     d, _ = model_dir
-    asked = []
-
-    def build_runner(config, weights, device, max_context=None, profile=None):
-        asked.append(max_context)
-        runner = build_model(config, weights)
-        runner.device = "emulator"
-        return runner
-
-    monkeypatch.setitem(sys.modules, "anelm.generate.pipeline", types.SimpleNamespace(build_runner=build_runner))
+    calls = fake_pipeline(monkeypatch)
     rc, _, _ = cli(capsys, "generate", "--model", str(d), "--prompt", prompt, "--max-tokens", str(max_tokens),
                    "--device", "emulator", "--json")
-    assert rc == 0 and asked == [context]
+    assert rc == 0 and calls == [("emulator", context)]
