@@ -5,6 +5,9 @@ on pytest's `pythonpath`, so they import the same way whichever folders a run co
 tokenizer files. It is not part of a user's clone, so tests that read it skip with a reason.
 """
 
+import random
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,3 +54,15 @@ def rms_norm_graph(b, x, weight, eps: float = 1e-5, name: str = "rms"):
     from anelm.kernels.norms import plain_rms
 
     return plain_rms(b, x, weight, eps, name)
+
+def kill_after(procs, checkpoint: Path, wait_s: float, jitter_s: float) -> list[int]:
+    """SIGKILL every process of `procs` (one job) at a random moment up to `jitter_s` after
+    `checkpoint` appears ("at any moment" after the first checkpoint), or once one of them has
+    ended or `wait_s` has passed; their return codes."""
+    deadline = time.time() + wait_s
+    while not checkpoint.exists() and all(p.poll() is None for p in procs) and time.time() < deadline:
+        time.sleep(0.005)
+    time.sleep(random.uniform(0.0, jitter_s))
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    return [p.wait() for p in procs]

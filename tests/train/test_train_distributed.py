@@ -16,7 +16,6 @@ the ranks change step 1 alone by ~1e-2.
 """
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -30,6 +29,8 @@ import pytest
 from anelm.cli.main import main
 from anelm.train.corpus import write_corpus
 from anelm.train.metrics import read_metrics
+
+from helpers import kill_after
 
 STEPS = 8
 pytestmark = pytest.mark.slow
@@ -134,14 +135,7 @@ def jobs(env):
                          daemon=True).start()
     killed_dir = base / "killed"
     victims = ranks(flags(data, killed_dir), e)
-    first = killed_dir / "checkpoints" / "step-000002.safetensors"
-    deadline = time.time() + 180
-    while not first.exists() and all(p.poll() is None for p in victims) and time.time() < deadline:
-        time.sleep(0.01)
-    time.sleep(random.uniform(0.0, 0.5))  # "at any moment" after the first checkpoint
-    for p in victims:  # the whole job
-        p.send_signal(signal.SIGKILL)
-    codes = [p.wait() for p in victims]
+    codes = kill_after(victims, killed_dir / "checkpoints" / "step-000002.safetensors", 180, 0.5)  # the whole job
     ran = max(losses(killed_dir), default=0)
     (_, err_resumed), _ = finish(ranks(["--out", str(killed_dir), "--resume", "--device=emulator"], e))
     finish([one, two])

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from anelm.train.checkpoint import OPT_PREFIX, latest_checkpoint, load_checkpoin
 from anelm.train.metrics import read_metrics
 
 import hf_tiny
+from helpers import kill_after
 
 STEPS = 12
 
@@ -87,13 +87,7 @@ def straight_and_killed(base, e, p):
     straight, killed = base / f"straight-{p}", base / f"killed-{p}"
     straight_proc = cli(flags(base, straight, dropout=p), e)
     proc = cli(flags(base, killed, dropout=p), e)
-    first = killed / "checkpoints" / "step-000003.safetensors"
-    deadline = time.time() + 180
-    while not first.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.005)
-    time.sleep(random.uniform(0.0, 0.5))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after([proc], killed / "checkpoints" / "step-000003.safetensors", 180, 0.5)
     ran = max(losses(killed), default=0)
     resumed = cli(["--out", str(killed), "--resume", "--device", "emulator"], e)
     _, err_r = resumed.communicate(timeout=400)

@@ -7,17 +7,17 @@ The runs are real CLI processes on the emulator with the real device step (tiny 
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from anelm.cli.main import main
 from anelm.train.corpus import write_corpus
 from anelm.train.metrics import read_metrics
+
+from helpers import kill_after
 
 STEPS = 24
 
@@ -64,13 +64,7 @@ def runs(env):
     straight = cli(flags(data, base / "straight"), e)
     killed_dir = base / "killed"
     proc = cli(flags(data, killed_dir), e)
-    first = killed_dir / "checkpoints" / "step-000003.safetensors"
-    deadline = time.time() + 120
-    while not first.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.005)
-    time.sleep(random.uniform(0.0, 1.0))  # "at any moment" after the first checkpoint
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after([proc], killed_dir / "checkpoints" / "step-000003.safetensors", 120, 1.0)
     ran = max(losses(killed_dir), default=0)
     resumed = cli(["--out", str(killed_dir), "--resume", "--device", "emulator"], e)
     out_r, err_r = resumed.communicate(timeout=300)
