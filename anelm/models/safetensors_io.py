@@ -3,18 +3,27 @@ folders, LoRA adapters, HF weights.
 
 Layout (huggingface/safetensors): a little-endian u64 header length, a JSON header mapping
 each tensor name to `{"dtype", "shape", "data_offsets"}` (plus `"__metadata__"`, a string to
-string map), then the packed data. Reading goes through the `safetensors` package with
-`framework="numpy"` (no torch), which validates the header; bf16, which numpy lacks, is
-widened to float32 from the raw bytes. Writing streams tensor by tensor, so saving a model
-never holds a second copy of it (`safetensors.numpy.save_file` builds the whole file in
-memory), always through `atomic_open`: a temp file renamed into place.
+string map), then the packed data. The `safetensors` package (`framework="numpy"`, no torch)
+validates the header; the tensors are then views of one copy-on-write map of the file, as
+llama.cpp and torch's loaders map theirs: reading a model costs no second copy of it (the
+package's `get_tensor` copies each tensor out of its map, which doubled a load's peak memory),
+pages are read as they are first touched, a tensor written in place (an optimizer step) gets
+private pages with the file unchanged, and the pages of a tensor whose array is dropped (a
+weight converted to fp16 for the device) are handed back. A file rewritten in place while
+mapped would change the pages not yet read: anelm's writers replace files by rename
+(`atomic_open`), which leaves a mapped file as it was. bf16, which numpy lacks, is widened to
+float32. Writing streams tensor by tensor, so saving a model never holds a second copy of it
+(`safetensors.numpy.save_file` builds the whole file in memory), always through `atomic_open`:
+a temp file renamed into place.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
+import weakref
 from collections.abc import Collection
 from pathlib import Path
 
@@ -34,36 +43,63 @@ class SafetensorsError(AnelmError):
 
 def read_safetensors(path: str | os.PathLike, names: Collection[str] | None = None
                      ) -> tuple[dict[str, str], dict[str, np.ndarray]]:
-    """(metadata, tensors) of one file; only `names` when given (others are not read)."""
+    """(metadata, tensors) of one file; only `names` when given (others are not read). The
+    tensors are writable views of a copy-on-write map of the file (module doc)."""
     from safetensors import safe_open
 
     path = Path(path)
     try:
-        with safe_open(str(path), framework="numpy") as st:
+        with safe_open(str(path), framework="numpy") as st:  # the reference checks of the header
             meta = st.metadata() or {}
             keys = [k for k in st.keys() if names is None or k in names]
-            bf16 = [k for k in keys if st.get_slice(k).get_dtype() == "BF16"]
-            tensors = {k: st.get_tensor(k) for k in keys if k not in bf16}
-        tensors.update(_read_bf16(path, bf16))
+        tensors = _mapped(path, keys)
+    except SafetensorsError:
+        raise
     except Exception as e:  # SafetensorError, OSError, ValueError: truncated, garbage, bad header
         raise SafetensorsError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     return meta, tensors
 
 
-def _read_bf16(path: Path, keys: list[str]) -> dict[str, np.ndarray]:
-    # a bf16 value is the top half of the float32 with the same bits
-    if not keys:
-        return {}
+NUMPY_DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in DTYPE_CODES.items()} | {
+    "I16": np.dtype("<i2"), "U64": np.dtype("<u8"), "BOOL": np.dtype(bool)}
+
+
+def _mapped(path: Path, keys: list[str]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
     with open(path, "rb") as fh:
         (n,) = struct.unpack("<Q", fh.read(8))
         header = json.loads(fh.read(n))
-        out = {}
-        for k in keys:
-            start, end = header[k]["data_offsets"]
-            fh.seek(8 + n + start)
-            raw = np.frombuffer(fh.read(end - start), dtype="<u2")
-            out[k] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(header[k]["shape"])
+        if not keys:
+            return out
+        data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)  # one map (one descriptor) per file
+    for k in keys:
+        info = header[k]
+        start, end = (8 + n + o for o in info["data_offsets"])
+        code, shape = info["dtype"], tuple(info["shape"])
+        dtype = np.dtype("<u2") if code == "BF16" else NUMPY_DTYPES.get(code)
+        if dtype is None:
+            raise SafetensorsError(f"tensor {k}: dtype {code} has no numpy type; expected one of "
+                                   f"{sorted(NUMPY_DTYPES) + ['BF16']}")
+        count = (end - start) // dtype.itemsize
+        a = np.frombuffer(data, dtype, count, start) if count else np.zeros(0, dtype)
+        if count:
+            weakref.finalize(a, _release, data, start, end)
+        # a bf16 value is the top half of the float32 with the same bits
+        out[k] = ((a.astype(np.uint32) << 16).view(np.float32) if code == "BF16" else a).reshape(shape)
     return out
+
+
+def _release(data: mmap.mmap, start: int, end: int) -> None:
+    """A tensor's array is gone (a weight copied into another form, or dropped): return the
+    pages that lie wholly inside its bytes, so a model read once and converted does not stay
+    resident twice. Nothing can read those bytes any more, so private pages may go too."""
+    page = mmap.PAGESIZE
+    first, last = -(-start // page) * page, end // page * page
+    if last > first and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            data.madvise(mmap.MADV_DONTNEED, first, last - first)
+        except (ValueError, OSError):
+            pass  # the map is closed already, or the system keeps the pages: memory, not data
 
 
 def save_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],

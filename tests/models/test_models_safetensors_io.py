@@ -1,5 +1,7 @@
 """The one safetensors reader and writer, against the reference implementation's."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -51,3 +53,45 @@ def test_bad_files_and_dtypes_are_one_line_errors(tmp_path):
     with pytest.raises(SafetensorsError, match="tensor c: expected one of"):
         save_safetensors(tmp_path / "c.safetensors", {"c": np.zeros(2, np.complex64)})
     assert not list(tmp_path.glob("c.safetensors*")) and not list(tmp_path.glob(".c.*"))
+
+
+def test_tensors_are_copy_on_write_maps_of_the_file(tmp_path):
+    """No second copy of a model: the tensors lie in a map of the file; writing one (an
+    optimizer step) changes the process's copy only, and a file replaced by rename while mapped
+    (how anelm writes checkpoints) leaves the mapped values as they were read."""
+    import mmap
+
+    path = tmp_path / "m.safetensors"
+    w = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    save_safetensors(path, {"w": w, "b": np.ones(3, np.float16)})
+    _, got = read_safetensors(path)
+    base = got["w"]
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap), "a copy, not a view of the file's map"
+    got["w"][0, 0] = -1.0
+    assert read_safetensors(path)[1]["w"][0, 0] == 0.0  # the file is unchanged
+    save_safetensors(path, {"w": np.zeros((64, 64), np.float32), "b": np.zeros(3, np.float16)})
+    assert got["w"][0, 0] == -1.0 and np.array_equal(got["w"].reshape(-1)[1:], w.reshape(-1)[1:])
+    assert np.array_equal(got["b"], np.ones(3, np.float16))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads resident memory from /proc")
+def test_a_dropped_tensor_gives_its_pages_back(tmp_path):
+    """A weight read, converted and dropped (the device keeps fp16) does not stay resident:
+    the pages wholly inside its bytes are returned when its array goes."""
+    import gc
+
+    def file_rss_mib() -> float:
+        line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("RssFile"))
+        return int(line.split()[1]) / 1024
+
+    path = tmp_path / "big.safetensors"
+    save_safetensors(path, {"w": np.ones((64, 1 << 18), np.float32), "keep": np.ones(8, np.float32)})  # 64 MiB
+    _, got = read_safetensors(path)
+    assert float(got["w"].sum()) == 64 * (1 << 18)  # every page touched: resident now
+    touched = file_rss_mib()
+    del got["w"]
+    gc.collect()
+    assert touched - file_rss_mib() > 48, "the dropped tensor's pages stayed resident"
+    assert np.array_equal(got["keep"], np.ones(8, np.float32))  # the others still read the file
