@@ -54,8 +54,20 @@ def _open(path: Path) -> Any:
         from gguf import GGUFReader
     except ImportError:  # a runtime dependency, but an environment may lack it
         raise LoadError(f"reading {path} needs the gguf package: pip install 'gguf>=0.16'") from None
+    class Reader(GGUFReader):
+        # The reader slices its np.memmap once per metadata part (a GGUF's 49k-token vocabulary and
+        # merges are ~150k parts), and each memmap slice costs numpy's memmap bookkeeping: a plain
+        # ndarray view of the same map reads the same bytes 3.5x faster (3.4 s -> 1 s of a load).
+        @property
+        def data(self):
+            return self._plain
+
+        @data.setter
+        def data(self, value):
+            self._plain = value.view(np.ndarray)
+
     try:
-        return GGUFReader(path)
+        return Reader(path)
     except (ValueError, OSError, IndexError, UnicodeDecodeError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         m = UNKNOWN_TYPE.search(msg)
