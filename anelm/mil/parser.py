@@ -67,6 +67,8 @@ def _dtype(name: str, tok: Token, offset: int = 0) -> str:
 
 
 def _unquote(s: str) -> str:
+    if "\\" not in s:  # the common case, at slicing speed
+        return s[1:-1]
     return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), s[1:-1])
 
 
