@@ -78,9 +78,11 @@ def stream_scale_for(peak: float) -> float:
 
 # --- weights -------------------------------------------------------------------------------
 
-def _fold(w: np.ndarray, b: np.ndarray | None, gain: np.ndarray, shift: np.ndarray | None):
-    """W·(g ⊙ n + s) + b = (W·diag g)·n + (W·s + b): the norm's affine moved into the linear."""
-    wf = (w * gain[None, :]).astype(np.float32, copy=False)  # no second pass when already float32
+def _fold(w: np.ndarray, b: np.ndarray | None, gain: np.ndarray, shift: np.ndarray | None,
+          out: np.ndarray | None = None):
+    """W·(g ⊙ n + s) + b = (W·diag g)·n + (W·s + b): the norm's affine moved into the linear.
+    W·diag g is written into `out` (float32 rows of the fused qkv) when given: no copy to join."""
+    wf = np.multiply(w, gain[None, :], out=np.empty(w.shape, np.float32) if out is None else out)
     if shift is None:
         return wf, b
     return wf, (w @ shift + (0.0 if b is None else b)).astype(np.float32)
@@ -93,7 +95,10 @@ def layer_params(s: LayerShape, w: dict[str, np.ndarray]) -> dict[str, tuple[np.
     f = s.family
     raw = f.linears(w, s.d)
     norm1, norm2 = f.affine(w, "attn_norm"), f.affine(w, "mlp_norm")  # (gain, LayerNorm's shift or None)
-    p = {n: _fold(*raw[n], *norm1) for n in "qkv"}
+    # q, k and v fold straight into the rows of one projection [q | k | v]: one conv, one bias add
+    ends = np.cumsum([raw[n][0].shape[0] for n in "qkv"])
+    fused = np.empty((int(ends[-1]), raw["q"][0].shape[1]), np.float32)
+    p = {n: _fold(*raw[n], *norm1, out=fused[end - len(raw[n][0]):end]) for n, end in zip("qkv", ends)}
     p.update({n: _fold(*raw[n], *norm2) for n in f.mlp_inputs})
     p.update({n: raw[n] for n in raw if n not in p})
     for n in f.stream_writers:
@@ -105,12 +110,12 @@ def layer_params(s: LayerShape, w: dict[str, np.ndarray]) -> dict[str, tuple[np.
         p["k_norm"] = (f.affine(w, "k_norm")[0], None)
     else:  # RoPE is linear, so scaling q before it is scaling the scores
         wq, bq = p["q"]
-        p["q"] = (wq * np.float32(s.scale), None if bq is None else bq * np.float32(s.scale))
-    # one projection for q, k and v (rows [q | k | v]): one conv and one bias add instead of three
+        wq *= np.float32(s.scale)  # in place: the q rows of `fused`
+        p["q"] = (wq, None if bq is None else bq * np.float32(s.scale))
     parts = [p.pop(n) for n in "qkv"]
     bias = None if all(pb is None for _, pb in parts) else \
         np.concatenate([np.zeros(pw.shape[0], np.float32) if pb is None else pb for pw, pb in parts])
-    p["qkv"] = (np.concatenate([pw for pw, _ in parts]), bias)
+    p["qkv"] = (fused, bias)
     return p
 
 
