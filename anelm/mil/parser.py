@@ -122,6 +122,8 @@ def _fast_values(dtype: str, inner: str) -> np.ndarray | list | None:
 def _array(dtype: str, values, shape: tuple[int, ...]):
     if dtype == "string":
         return values[0] if shape == () else np.array(values, dtype=object).reshape(shape)
+    if dtype not in _FLOATS:
+        return np.array(values, dtype=storage_dtype(dtype)).reshape(shape)  # in range: checked
     with np.errstate(over="ignore"):  # fp16(1e5) is +inf, as the hardware rounds it
         return np.array(values, dtype=storage_dtype(dtype)).reshape(shape)
 
