@@ -81,9 +81,8 @@ def stream_scale_for(peak: float) -> float:
 
 def _fold(w: np.ndarray, b: np.ndarray | None, gain: np.ndarray, shift: np.ndarray | None,
           out: np.ndarray, scale: float | None = None):
-    """W·(g ⊙ n + s) + b = (W·diag g)·n + (W·s + b): the norm's affine moved into the linear,
-    times `scale` (the attention scale, for q). W·diag g is written into `out`: float32, or fp16
-    folded straight to what the chip holds (the same bits as float32 then the cast)."""
+    """W·(g ⊙ n + s) + b = (W·diag g)·n + (W·s + b): the norm's affine moved into the linear, times
+    `scale` (q's attention scale); W·diag g into `out`, float32 or fp16 (as the chip holds it)."""
     if out.dtype == np.float16:
         fold_to_half(w, gain, None if scale is None else np.full(w.shape[0], scale, np.float32), out=out)
     else:
@@ -97,8 +96,7 @@ def _fold(w: np.ndarray, b: np.ndarray | None, gain: np.ndarray, shift: np.ndarr
 def layer_params(s: LayerShape, w: dict[str, np.ndarray], half: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
     """HF weights of one layer (names inside the layer, `[out, in]`) -> {linear: (W, bias or None)}
     with the norm affines and the attention scale folded in; "q_norm"/"k_norm" hold Qwen3's
-    per-head gains as (gain, None). The matrices W are float32, or with `half` fp16, converted
-    as they are folded (what the programs hold, without a float32 copy); the rest is float32."""
+    per-head gains as (gain, None). Matrices are float32, or fp16 with `half`, cast as they fold."""
     f = s.family
     raw = f.linears(w, s.d)
     norm1, norm2 = f.affine(w, "attn_norm"), f.affine(w, "mlp_norm")  # (gain, LayerNorm's shift or None)

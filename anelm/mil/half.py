@@ -21,7 +21,6 @@ _MIN = 1 << 16  # below this many elements numpy's own cast is as quick as a cal
 # the loops: ryg's float_to_half_fast3_rtne and half_to_float_fast5, with numpy's NaN rule.
 @numba.njit(nogil=True, cache=True)
 def _half_bits(b: np.uint32) -> np.uint16:
-    """The fp16 bit pattern of one float32 bit pattern `b`."""
     sign = (b >> _U(16)) & _U(0x8000)
     f = b & _U(0x7FFFFFFF)
     m = (f >> _U(13)) & _U(0x3FF)
@@ -89,17 +88,12 @@ def from_half(h: np.ndarray) -> np.ndarray:
 
 def fold_to_half(w: np.ndarray, gain: np.ndarray, row_scale: np.ndarray | None = None,
                  out: np.ndarray | None = None) -> np.ndarray:
-    """`to_half((w * gain[None, :]).astype(np.float32) * row_scale[:, None])` for a weight `w`
-    `[out, in]`, a gain `[in]` and float32 row scales `[out]` (None: all ones), into `out` (fp16
-    `[out, in]`, C-contiguous rows) or a new array: the folded weight as the chip holds it, with
-    no float32 copy in between. The same bits (float32 products in that order, then the cast)."""
+    """`to_half((w * gain[None, :]).astype(np.float32) * row_scale[:, None])` bit for bit (row
+    scales float32, None: ones), into `out` (fp16, C-contiguous) or a new array, in one pass."""
     out = np.empty(w.shape, np.float16) if out is None else out
-    if w.dtype == np.float32 and gain.dtype == np.float32 and w.size >= _MIN and out.flags.c_contiguous:
-        rows = np.ones(w.shape[0], np.float32) if row_scale is None else np.asarray(row_scale, np.float32)
+    rows = np.ones(w.shape[0], np.float32) if row_scale is None else np.asarray(row_scale, np.float32)
+    if w.dtype == gain.dtype == np.float32 and w.size >= _MIN and out.flags.c_contiguous:
         _fold_half_bits(w, gain, rows, out.view(np.uint16))
-        return out
-    folded = (w * gain[None, :]).astype(np.float32, copy=False)
-    if row_scale is not None:
-        folded = folded * np.asarray(row_scale, np.float32)[:, None]
-    out[...] = to_half(folded)
+    else:  # x·1 is x, bit for bit
+        out[...] = to_half((w * gain[None, :]).astype(np.float32, copy=False) * rows[:, None])
     return out

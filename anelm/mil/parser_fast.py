@@ -177,23 +177,19 @@ class _Reader:
                 return out
 
     def var_args(self) -> dict | None:
-        """`(k = v, ...)` when every value is a variable (None: read it token by token)."""
+        """`(k = v, ...)` when every value is a variable, else None (read token by token)."""
         m = _VAR_ARGS.match(self.text, self.pos)
         if m is None:
             return None
-        out: dict = {}
-        for part in m.group(1).split(",") if m.group(1) else ():
-            key, name = part.split("=")
-            key = key.strip()
-            if key in out:
-                raise NotFast
-            out[key] = Var(name.strip())
+        pairs = [part.split("=") for part in m.group(1).split(",")] if m.group(1) else []
+        out = {k.strip(): Var(v.strip()) for k, v in pairs}
+        if len(out) < len(pairs):
+            raise NotFast  # a repeated argument: the grammar reports it
         self.pos = m.end()
         return out
 
     def name_attrs(self) -> dict | None:
-        """`[name = string("n")];`, or a const's `[name = string("n"), val = <value>];` (None:
-        read it token by token)."""
+        """`[name = string("n")];` or `[name = string("n"), val = <value>];`, else None."""
         start = self.pos
         m = _NAME_ATTR.match(self.text, start)
         if m is None:
