@@ -23,6 +23,7 @@ import numpy as np
 
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
+from ..mil.half import fold_to_half, to_half
 from ..models.layers import rope_full_width
 from .families import Family, family_for
 from .int8 import QLinear, quant_linear
@@ -78,39 +79,48 @@ def stream_scale_for(peak: float) -> float:
 
 # --- weights -------------------------------------------------------------------------------
 
-def _fold(w: np.ndarray, b: np.ndarray | None, gain: np.ndarray, shift: np.ndarray | None):
-    """W·(g ⊙ n + s) + b = (W·diag g)·n + (W·s + b): the norm's affine moved into the linear."""
-    wf = (w * gain[None, :]).astype(np.float32, copy=False)  # no second pass when already float32
-    if shift is None:
-        return wf, b
-    return wf, (w @ shift + (0.0 if b is None else b)).astype(np.float32)
+def _fold(w: np.ndarray, b: np.ndarray | None, gain: np.ndarray, shift: np.ndarray | None,
+          out: np.ndarray, scale: float | None = None):
+    """W·(g ⊙ n + s) + b = (W·diag g)·n + (W·s + b): the norm's affine moved into the linear, times
+    `scale` (q's attention scale); W·diag g into `out`, float32 or fp16 (as the chip holds it)."""
+    if out.dtype == np.float16:
+        fold_to_half(w, gain, None if scale is None else np.full(w.shape[0], scale, np.float32), out=out)
+    else:
+        np.multiply(w, gain[None, :], out=out)
+        if scale is not None:
+            out *= np.float32(scale)
+    bias = b if shift is None else (w @ shift + (0.0 if b is None else b)).astype(np.float32)
+    return out, bias if bias is None or scale is None else bias * np.float32(scale)
 
 
-def layer_params(s: LayerShape, w: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+def layer_params(s: LayerShape, w: dict[str, np.ndarray], half: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
     """HF weights of one layer (names inside the layer, `[out, in]`) -> {linear: (W, bias or None)}
     with the norm affines and the attention scale folded in; "q_norm"/"k_norm" hold Qwen3's
-    per-head gains as (gain, None)."""
+    per-head gains as (gain, None). Matrices are float32, or fp16 with `half`, cast as they fold."""
     f = s.family
     raw = f.linears(w, s.d)
     norm1, norm2 = f.affine(w, "attn_norm"), f.affine(w, "mlp_norm")  # (gain, LayerNorm's shift or None)
-    p = {n: _fold(*raw[n], *norm1) for n in "qkv"}
-    p.update({n: _fold(*raw[n], *norm2) for n in f.mlp_inputs})
-    p.update({n: raw[n] for n in raw if n not in p})
-    for n in f.stream_writers:
-        if s.stream_scale != 1.0:
-            pw, pb = p[n]
-            p[n] = (pw / np.float32(s.stream_scale), None if pb is None else pb / np.float32(s.stream_scale))
-    if f.head_norms(w):  # Qwen3: the scale goes after the q norm, into its gain
-        p["q_norm"] = (f.affine(w, "q_norm")[0] * np.float32(s.scale), None)
-        p["k_norm"] = (f.affine(w, "k_norm")[0], None)
-    else:  # RoPE is linear, so scaling q before it is scaling the scores
-        wq, bq = p["q"]
-        p["q"] = (wq * np.float32(s.scale), None if bq is None else bq * np.float32(s.scale))
+    dtype = np.float16 if half else np.float32
+    # RoPE is linear, so scaling q before it is scaling the scores; Qwen3's goes after its q norm
+    q_scale = None if f.head_norms(w) else s.scale
     # one projection for q, k and v (rows [q | k | v]): one conv and one bias add instead of three
-    parts = [p.pop(n) for n in "qkv"]
+    ends = np.cumsum([raw[n][0].shape[0] for n in "qkv"])
+    fused = np.empty((int(ends[-1]), raw["q"][0].shape[1]), dtype)
+    parts = [_fold(*raw[n], *norm1, fused[end - len(raw[n][0]):end], q_scale if n == "q" else None)
+             for n, end in zip("qkv", ends)]
     bias = None if all(pb is None for _, pb in parts) else \
         np.concatenate([np.zeros(pw.shape[0], np.float32) if pb is None else pb for pw, pb in parts])
-    p["qkv"] = (np.concatenate([pw for pw, _ in parts]), bias)
+    p = {n: _fold(*raw[n], *norm2, np.empty(raw[n][0].shape, dtype)) for n in f.mlp_inputs}
+    for n in raw:
+        if n not in p and n not in ("q", "k", "v"):
+            pw, pb = raw[n]
+            if n in f.stream_writers and s.stream_scale != 1.0:
+                pw, pb = pw / np.float32(s.stream_scale), None if pb is None else pb / np.float32(s.stream_scale)
+            p[n] = (to_half(pw) if half else pw, pb)
+    if q_scale is None:  # Qwen3: the scale goes after the q norm, into its gain
+        p["q_norm"] = (f.affine(w, "q_norm")[0] * np.float32(s.scale), None)
+        p["k_norm"] = (f.affine(w, "k_norm")[0], None)
+    p["qkv"] = (fused, bias)
     return p
 
 

@@ -20,19 +20,31 @@ _MIN = 1 << 16  # below this many elements numpy's own cast is as quick as a cal
 # Each result is computed every way and one is selected, without branches, so LLVM vectorises
 # the loops: ryg's float_to_half_fast3_rtne and half_to_float_fast5, with numpy's NaN rule.
 @numba.njit(nogil=True, cache=True)
+def _half_bits(b: np.uint32) -> np.uint16:
+    sign = (b >> _U(16)) & _U(0x8000)
+    f = b & _U(0x7FFFFFFF)
+    m = (f >> _U(13)) & _U(0x3FF)
+    big = (_U(0x7C00) | m | _U(m == 0)) if f > _U(255 << 23) else _U(0x7C00)  # NaN, else inf
+    # below 2**-14: adding 0.5 lets the float adder round onto the subnormal grid, ties to even
+    sub = np.float32(np.uint32(f).view(np.float32) + np.float32(0.5)).view(np.uint32) - _U(0x3F000000)
+    # normal: rebias the exponent (0xC8000000 wraps to -112 << 23), round half to even
+    normal = (f + _U(0xC8000FFF) + ((f >> _U(13)) & _U(1))) >> _U(13)
+    o = big if f >= _U(143 << 23) else (sub if f < _U(113 << 23) else normal)
+    return np.uint16(o | sign)
+
+
+@numba.njit(nogil=True, cache=True)
 def _to_half_bits(src: np.ndarray, dst: np.ndarray) -> None:
     for i in range(src.size):
-        b = src[i]
-        sign = (b >> _U(16)) & _U(0x8000)
-        f = b & _U(0x7FFFFFFF)
-        m = (f >> _U(13)) & _U(0x3FF)
-        big = (_U(0x7C00) | m | _U(m == 0)) if f > _U(255 << 23) else _U(0x7C00)  # NaN, else inf
-        # below 2**-14: adding 0.5 lets the float adder round onto the subnormal grid, ties to even
-        sub = np.float32(np.uint32(f).view(np.float32) + np.float32(0.5)).view(np.uint32) - _U(0x3F000000)
-        # normal: rebias the exponent (0xC8000000 wraps to -112 << 23), round half to even
-        normal = (f + _U(0xC8000FFF) + ((f >> _U(13)) & _U(1))) >> _U(13)
-        o = big if f >= _U(143 << 23) else (sub if f < _U(113 << 23) else normal)
-        dst[i] = np.uint16(o | sign)
+        dst[i] = _half_bits(src[i])
+
+
+@numba.njit(nogil=True, cache=True)
+def _fold_half_bits(w: np.ndarray, gain: np.ndarray, row_scale: np.ndarray, dst: np.ndarray) -> None:
+    for r in range(w.shape[0]):
+        s = row_scale[r]
+        for c in range(w.shape[1]):
+            dst[r, c] = _half_bits(np.float32(w[r, c] * gain[c] * s).view(np.uint32))
 
 
 @numba.njit(nogil=True, cache=True)
@@ -71,4 +83,17 @@ def from_half(h: np.ndarray) -> np.ndarray:
     src = np.ascontiguousarray(h)
     out = np.empty(src.shape, np.float32)
     _from_half_bits(src.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
+    return out
+
+
+def fold_to_half(w: np.ndarray, gain: np.ndarray, row_scale: np.ndarray | None = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """`to_half((w * gain[None, :]).astype(np.float32) * row_scale[:, None])` bit for bit (row
+    scales float32, None: ones), into `out` (fp16, C-contiguous) or a new array, in one pass."""
+    out = np.empty(w.shape, np.float16) if out is None else out
+    rows = np.ones(w.shape[0], np.float32) if row_scale is None else np.asarray(row_scale, np.float32)
+    if w.dtype == gain.dtype == np.float32 and w.size >= _MIN and out.flags.c_contiguous:
+        _fold_half_bits(w, gain, rows, out.view(np.uint16))
+    else:  # x·1 is x, bit for bit
+        out[...] = to_half((w * gain[None, :]).astype(np.float32, copy=False) * rows[:, None])
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from .program import Function, Program, Statement, TensorType, Var
+from .program import Function, Literal, Program, Statement, TensorType, Var
 
 
 class NotFast(Exception):
@@ -38,6 +38,12 @@ _DIM = re.compile(r"\s*\d+\s*")
 _BODY_SCALAR = re.compile(_WS + 
     r"(\"(?:[^\"\\\n]|\\.)*\"|[+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?\d+"
     r"|[+-]?(?:inf|nan)(?![A-Za-z0-9_])|[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|(?:true|false)(?![A-Za-z0-9_]))")
+# The compiler's own statements, each in one match: `(k = v, ...)` of variables only, and the
+# attributes `[name = string("n")];` or `[name = string("n"), val = ` before a const's value.
+_ARG = r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=\s*[A-Za-z_][A-Za-z0-9_]*\s*"
+_VAR_ARGS = re.compile(rf"\s*\(((?:{_ARG},)*{_ARG})?\)")
+_NAME_ATTR = re.compile(r'\s*\[\s*name\s*=\s*string\(\s*("[^"\\\n]*")\s*\)\s*(?:(\])\s*;|,\s*val\s*=)')
+_STRING_TYPE = TensorType("string", None)
 _PUNCT = {s: re.compile(_WS + re.escape(s)) for s in ("(", ")", "[", "]", "{", "}", "<", ">", ",", "=", ";", "->")}
 
 
@@ -170,6 +176,34 @@ class _Reader:
             if not self.accept(","):
                 return out
 
+    def var_args(self) -> dict | None:
+        """`(k = v, ...)` when every value is a variable, else None (read token by token)."""
+        m = _VAR_ARGS.match(self.text, self.pos)
+        if m is None:
+            return None
+        pairs = [part.split("=") for part in m.group(1).split(",")] if m.group(1) else []
+        out = {k.strip(): Var(v.strip()) for k, v in pairs}
+        if len(out) < len(pairs):
+            raise NotFast  # a repeated argument: the grammar reports it
+        self.pos = m.end()
+        return out
+
+    def name_attrs(self) -> dict | None:
+        """`[name = string("n")];` or `[name = string("n"), val = <value>];`, else None."""
+        start = self.pos
+        m = _NAME_ATTR.match(self.text, start)
+        if m is None:
+            return None
+        self.pos = m.end()
+        attrs = {"name": Literal(_STRING_TYPE, m.group(1)[1:-1])}  # the regex admits no escapes
+        if m.group(2) is None:  # `, val = `
+            attrs["val"] = self.value()
+            if not self.accept("]"):
+                self.pos = start  # more attributes: the general reader takes them all
+                return None
+            self.take(";")
+        return attrs
+
     # --- structure ------------------------------------------------------------------------
     def statement(self) -> Statement:
         results = [self.typed_name()]
@@ -177,14 +211,18 @@ class _Reader:
             results.append(self.typed_name())
         self.take("=")
         op = self.name()
-        self.take("(")
-        args = self.kwargs(")")
-        self.take(")")
-        attrs: dict = {}
-        if self.accept("["):
-            attrs = self.kwargs("]")
-            self.take("]")
-        self.take(";")
+        args = self.var_args()
+        if args is None:
+            self.take("(")
+            args = self.kwargs(")")
+            self.take(")")
+        attrs = self.name_attrs()
+        if attrs is None:
+            attrs = {}
+            if self.accept("["):
+                attrs = self.kwargs("]")
+                self.take("]")
+            self.take(";")
         return Statement(results, op, args, attrs)
 
     def function(self) -> Function:

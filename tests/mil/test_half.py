@@ -35,3 +35,28 @@ def test_to_half_of_fp16_values_is_a_new_contiguous_copy():
     got = to_half(h)
     assert got.dtype == np.float16 and got.flags.c_contiguous and not np.shares_memory(got, h)
     assert got.view(np.uint16).tobytes() == np.ascontiguousarray(h).view(np.uint16).tobytes()
+
+
+def test_fold_to_half_is_the_float32_fold_then_the_cast_bit_for_bit():
+    # W·diag(g)·diag(r) -> fp16 in one pass: the float32 products in that order, then numpy's cast
+    from anelm.mil.half import fold_to_half
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((320, 256)).astype(np.float32)  # 81,920 elements: the compiled path
+    g = (rng.standard_normal(256) * 3).astype(np.float32)
+    w[0, :8] = [np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-30, 7e4, -6.1e-5]
+    g[:3] *= np.float32(1e4)  # products past fp16's range: inf
+    g[5] = np.float32(1e-6)  # products in fp16's subnormals
+    rows = np.ones(320, np.float32)
+    rows[:100] = np.float32(0.125)
+    with np.errstate(all="ignore"):
+        want = (w * g[None, :]).astype(np.float32) * rows[:, None]
+        want = want.astype(np.float16)
+        plain = (w * g[None, :]).astype(np.float16)
+    out = np.zeros((400, 256), np.float16)
+    fold_to_half(w, g, rows, out=out[40:360])  # rows of a larger array, as the fused qkv takes them
+    assert out[40:360].view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+    assert not out[:40].any() and not out[360:].any()
+    assert fold_to_half(w, g).view(np.uint16).tobytes() == plain.view(np.uint16).tobytes()
+    small = fold_to_half(w[:4], g, rows[:4])  # numpy's path below the compiled size
+    assert small.view(np.uint16).tobytes() == want[:4].view(np.uint16).tobytes()

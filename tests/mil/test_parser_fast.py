@@ -26,7 +26,8 @@ DIALECTS = [
     } -> (y);
 }
 """,
-    # several results, tuples, spaced scalars, comments, hex floats, inf, escapes, bool lists
+    # several results, tuples, spaced scalars, comments, hex floats, inf, escapes, bool lists,
+    # attributes past name and val, a comment inside the arguments
     """program(1.3)
 [buildInfo = dict<string, string>({{"a", "1"}, {"b\\"q", ""}})]
 {
@@ -38,7 +39,11 @@ DIALECTS = [
         tensor<bool, [2]> m = const()[name = string("m"), val = tensor<bool, [2]>([true, false])];
         fp16 h = const()[name = string("h"), val = fp16(-0.0)]; // trailing
         tensor<fp16, [1, 8]> d = add(x = c, y = h)[name = string("d")];
-    } -> (d, a);
+        fp16 g = const()[name = string("g"), val = fp16(2.0), note = string("after val")];
+        tensor<fp16, [1, 8]> e = add(x = d, // between arguments
+            y = g)[name = string("e")  ];
+        tensor<fp16, [1, 8]> f = mul(x = e , y = d )[ name = string("f"), keep = bool(true)];
+    } -> (d, a, f);
 }
 """,
 ]

@@ -1,0 +1,44 @@
+"""kernels/layers.layer_params: `half=True` folds the weights straight to fp16, and gives
+exactly what the float32 fold gives after the cast (the programs' blobs do not change)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from anelm.kernels.layers import layer_params, layer_shape
+from anelm.mil.half import to_half
+from anelm.models.config import GPT2Config, LlamaConfig, Qwen3Config
+from anelm.models.names import random_layer
+
+# dim 256: the q, k and v folds have 65,536 elements or more, so the compiled fold runs
+CONFIGS = {
+    "llama": LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=32),
+    "qwen3": Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=32),
+    "gpt2": GPT2Config(n_embd=256, n_layer=1, n_head=4, n_positions=32),  # LayerNorm: shifts fold into biases
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+@pytest.mark.parametrize("stream_scale", [1.0, 8.0])
+def test_half_params_are_the_float32_params_cast_to_fp16(kind, stream_scale):
+    cfg = CONFIGS[kind]
+    w = random_layer(cfg, seed=3)
+    for k in w:
+        if "norm" in k or ".ln" in k or k.startswith("ln"):  # gains away from 1, so the fold matters
+            w[k] = (w[k] * 1.5 + 0.1).astype(np.float32)
+    s = dataclasses.replace(layer_shape(cfg, 0), stream_scale=stream_scale)
+    full, half = layer_params(s, w), layer_params(s, w, half=True)
+    assert list(full) == list(half)
+    for name, ((fw, fb), (hw, hb)) in ((n, (full[n], half[n])) for n in full):
+        if fw.ndim == 2:
+            assert hw.dtype == np.float16 and hw.flags.c_contiguous, name
+            assert hw.view(np.uint16).tobytes() == to_half(fw).view(np.uint16).tobytes(), name
+        else:  # Qwen3's per-head gains stay float32
+            assert hw.dtype == fw.dtype and np.array_equal(hw, fw), name
+        assert (fb is None) == (hb is None), name
+        if fb is not None:
+            assert hb.dtype == fb.dtype and np.array_equal(hb, fb), name
+    assert full["qkv"][0].shape[0] == s.heads * s.head_dim + 2 * s.kv_channels
