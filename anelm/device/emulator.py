@@ -33,6 +33,7 @@ from ..chip.surfaces import bind_order, least_surface_bytes, uniform
 from ..compiler.artifact import content_key
 from ..chip.rejects import reject, rule_on
 from ..errors import BlobError, DeviceError
+from ..mil.blob import frozen
 from ..mil.folder import relative_path, weight_file, write_model_folder
 from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
@@ -96,7 +97,9 @@ class Emulator(Device):
         """A cold compile (charged), or the plan of the on-disk kernel cache (loaded, not charged:
         CONTRACTS §2.7). A profile whose reloads read rewritten blobs plans from the folder at
         every load, so it keeps no cache."""
-        weights = {k: bytes(v) for k, v in (weights or {}).items()}  # a snapshot, as the API copies
+        # a snapshot, as the API copies; bytes and read-only views (a runner's blob-backed
+        # weights, `mil.blob.blob_backed`) cannot change under the plan, so they are not copied
+        weights = {k: frozen(v) for k, v in (weights or {}).items()}
         for path in weights:
             relative_path(path)  # a key outside @model_path/ is a bad blob reference
         key = key or content_key(mil_text, weights, self.profile)
