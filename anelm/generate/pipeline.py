@@ -27,13 +27,18 @@ What runs where:
   embedding without learned positions is looked up in the same fp16 matrix.
 
 Memory: once the programs' weights are folded (`layer_params`, kept as fp16 for the programs
-still to compile) the runner drops its float32 copies of the layers' matrices; the CPU side
+still to compile, each matrix as the payload of its own BLOBFILE, so the programs' blobs are
+views of it and not copies) the runner drops its float32 copies of the layers' matrices; the CPU side
 keeps the embedding, positions, final norm, head and the layers' norm vectors (for adapters).
 
 A LoRA adapter (`set_adapter`) is kernel input data (`kernels/lora.py`): the kernels are built
 with adapter slots of a rank R on a set of projections (those of the first adapter, or
 `lora_rank`/`lora_targets`), and any adapter of rank <= R on those projections, or none, is
 restaged into the same programs: a swap compiles nothing.
+
+A program an earlier process built is found in the program store (`program_store`) by its
+recipe and the layer's weight digests, before anything is built: no graph, passes, codegen or
+content-key hash, and its plan comes from the emulator's kernel store (loaded, not compiled).
 
 A prompt that continues a non-empty cache (a chat turn) and the part of a prompt beyond the
 largest bucket run through the decode programs, one token at a time: prefill programs start at
