@@ -25,7 +25,7 @@ from pathlib import Path
 from ..chip.profile import STRICT, ChipProfile
 from ..chip.surfaces import surface_sizes
 from ..errors import AnelmError, BlobError, CompileError
-from ..mil.blob import decode_blob
+from ..mil.blob import decode_blob, frozen
 from ..mil.folder import MODEL_FILE, weight_file, write_model_folder
 from ..mil.parser import parse
 from ..mil.program import ITEMSIZE, BlobRef, Function, Program, TensorType
@@ -184,16 +184,23 @@ class Artifact:
     def key(self, profile: ChipProfile = STRICT) -> str:
         """`content_key` of this text, these blobs and `profile`, hashed once: the hash of a
         12-layer kernel set reads 170 MB. It is hashed again only when the text or a blob is
-        another object (blobs are immutable bytes; a bytearray is hashed every time)."""
+        another object (blobs are immutable bytes or read-only views, `mil.blob.frozen`; a
+        bytearray is hashed every time)."""
         ident = profile_identity(profile)
         parts = (self.mil_text, tuple(self.weights.items()))
         memo = self._keyed
         if memo is not None and memo[0] == ident and _same_objects(memo[1], parts):
             return memo[2]
         key = content_key(self.mil_text, self.weights, profile)
-        if all(isinstance(v, bytes) for v in self.weights.values()):
+        if all(frozen(v) is v for v in self.weights.values()):
             self._keyed = (ident, parts, key)
         return key
+
+    def known_key(self, key: str, profile: ChipProfile = STRICT) -> "Artifact":
+        """This artifact with its content key under `profile` already known (a stored program
+        whose key was hashed when it was built): `key` returns it without reading the blobs."""
+        self._keyed = (profile_identity(profile), (self.mil_text, tuple(self.weights.items())), key)
+        return self
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write the kernel folder; refuses weights that the MIL cannot find or read."""

@@ -6,7 +6,9 @@
     emu.evaluate(model, in_surfaces, out_surfaces)
 
 What it reproduces (CONTRACTS §2): compile-time rejects (`emulator_checks`), a compile folder
-named by the content key with `model.mil` and the blobs (as the private API needs), weights
+named by the content key with `model.mil` and the blobs (as the private API needs; written
+when something reads it, since in `strict` nothing does: writing every program's weights to
+/tmp cost a warm SmolLM2 prefill 187 ms), weights
 read at compile, positional surface binding in alphabetical order, uniform and minimum surface
 sizes, packed reads and writes at offset 0, fp16 rounding of every op result, and the peer
 switches of the profile. The execution plan (`emulator_plan`) is built once per cold compile;
@@ -31,6 +33,7 @@ from ..chip.surfaces import bind_order, least_surface_bytes, uniform
 from ..compiler.artifact import content_key
 from ..chip.rejects import reject, rule_on
 from ..errors import BlobError, DeviceError
+from ..mil.blob import frozen
 from ..mil.folder import relative_path, weight_file, write_model_folder
 from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
@@ -49,7 +52,7 @@ class EmulatedModel:
     """One compiled program: its folder, parsed function and execution plan."""
 
     key: str
-    folder: Path
+    _folder: Path  # where the compile folder goes; written on first use (`folder`)
     func: Function | None  # None when the plan came from the kernel cache (no parse happened)
     plan: Plan
     weight_paths: list[str] = field(default_factory=list)
@@ -58,6 +61,17 @@ class EmulatedModel:
     outputs: list[tuple[str, TensorType]] = field(default_factory=list)
     columns: ColumnPlan | None = None  # how a column-separable program runs column by column
     _owners: tuple | None = field(default=None, repr=False)  # (plan, const_owners) for the current plan
+    _source: tuple | None = field(default=None, repr=False)  # (mil_text, blobs) until the folder is written
+
+    @property
+    def folder(self) -> Path:
+        """The compile folder, `model.mil` and the blobs as the private API gets them. Nothing
+        in a strict run reads it (weights are read at compile), so it is written when first
+        asked for: by `rewrite_weight`, by a profile whose reloads read it, or by a caller."""
+        if self._source is not None:
+            write_model_folder(self._folder, *self._source)
+            self._source = None
+        return self._folder
 
     def const_owners(self) -> set[int]:
         """ids of the arrays that own the plan's consts' memory (found once per plan)."""
@@ -83,7 +97,9 @@ class Emulator(Device):
         """A cold compile (charged), or the plan of the on-disk kernel cache (loaded, not charged:
         CONTRACTS §2.7). A profile whose reloads read rewritten blobs plans from the folder at
         every load, so it keeps no cache."""
-        weights = {k: bytes(v) for k, v in (weights or {}).items()}  # a snapshot, as the API copies
+        # a snapshot, as the API copies; bytes and read-only views (a runner's blob-backed
+        # weights, `mil.blob.blob_backed`) cannot change under the plan, so they are not copied
+        weights = {k: frozen(v) for k, v in (weights or {}).items()}
         for path in weights:
             relative_path(path)  # a key outside @model_path/ is a bad blob reference
         key = key or content_key(mil_text, weights, self.profile)
@@ -100,11 +116,14 @@ class Emulator(Device):
             plan = build_plan(func, weights, self.profile)
             if store is not None:
                 store.put(key, dump_plan(plan))
-        folder = self._write_folder(key, mil_text, weights)
         ins = bind_order([n for _, n in plan.inputs], self.profile, "inputs")
         outs = bind_order(list(plan.outputs), self.profile, "outputs")
-        return EmulatedModel(key, folder, func, plan, sorted(weights), inputs=[(n, plan.types[n]) for n in ins],
-                             outputs=[(n, plan.types[n]) for n in outs], columns=column_plan(plan))
+        model = EmulatedModel(key, self._root / key[:40], func, plan, sorted(weights), _source=(mil_text, weights),
+                              inputs=[(n, plan.types[n]) for n in ins], outputs=[(n, plan.types[n]) for n in outs],
+                              columns=column_plan(plan))
+        if self.profile.reload_reads_new_weights:
+            model.folder  # noqa: B018 - every load plans from the folder: write it now, as compiled
+        return model
 
     def load(self, model: EmulatedModel) -> None:
         if self.profile.reload_reads_new_weights and model.weight_paths:
@@ -129,9 +148,6 @@ class Emulator(Device):
     @property
     def host_half(self) -> np.dtype:
         return ShadowedSurface.host_half
-
-    def _write_folder(self, key: str, mil_text: str, weights: dict[str, bytes]) -> Path:
-        return write_model_folder(self._root / key[:40], mil_text, weights)
 
     # --- requests ---------------------------------------------------------------------------
     def evaluate(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface],

@@ -27,13 +27,18 @@ What runs where:
   embedding without learned positions is looked up in the same fp16 matrix.
 
 Memory: once the programs' weights are folded (`layer_params`, kept as fp16 for the programs
-still to compile) the runner drops its float32 copies of the layers' matrices; the CPU side
+still to compile, each matrix as the payload of its own BLOBFILE, so the programs' blobs are
+views of it and not copies) the runner drops its float32 copies of the layers' matrices; the CPU side
 keeps the embedding, positions, final norm, head and the layers' norm vectors (for adapters).
 
 A LoRA adapter (`set_adapter`) is kernel input data (`kernels/lora.py`): the kernels are built
 with adapter slots of a rank R on a set of projections (those of the first adapter, or
 `lora_rank`/`lora_targets`), and any adapter of rank <= R on those projections, or none, is
 restaged into the same programs: a swap compiles nothing.
+
+A program an earlier process built is found in the program store (`program_store`) by its
+recipe and the layer's weight digests, before anything is built: no graph, passes, codegen or
+content-key hash, and its plan comes from the emulator's kernel store (loaded, not compiled).
 
 A prompt that continues a non-empty cache (a chat turn) and the part of a prompt beyond the
 largest bucket run through the decode programs, one token at a time: prefill programs start at
@@ -47,6 +52,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..compiler.artifact import profile_identity
 from ..compiler.pipeline import compile_graph
 from ..device.base import Device
 from ..device.emulator_matvec import HalfMatrix
@@ -57,13 +63,14 @@ from ..kernels.int8 import plan_layer
 from ..kernels.layers import layer_params, layer_shape, rope_full_tables, stream_scale_for
 from ..kernels.lora import layer_lora, plan_slots
 from ..kernels.prefill import prefill_layer
-from ..mil.half import to_half
+from ..mil.blob import blob_backed
 from ..models.errors import AdapterError
 from ..models.layers import rope_inv_freq, rope_tables
 from ..models.loading import build_model
 from ..models.names import layer_prefix, layer_weights, target_roles
 from ..runtime.kernel import Kernel
 from .device_plan import MAX_CONTEXT, DeviceCache, plan_sizes
+from .program_store import LayerBlobs, digest, find_or_build, program_store, recipe_key
 
 
 def build_runner(config: Any, weights: dict[str, np.ndarray], device: str | Device = "auto",
@@ -116,6 +123,7 @@ class DeviceRunner:
         if self.rope:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.kernels: dict[tuple[str, int, int], Kernel] = {}  # (kind, layer, size), compiled on first use
+        self._blobs: dict[int, LayerBlobs | None] = {}  # per layer: its weight files by digest (program_store)
         self.quantized = quant is not None
         self.lora_slots, self.lora_inputs = (), [{} for _ in range(n)]  # per layer: input name -> array
         if adapter is not None or lora_rank is not None or lora_targets is not None:
@@ -248,28 +256,50 @@ class DeviceRunner:
         return x[..., 0].reshape(1, d).astype(np.float32) * self.stream_scale  # [1, D, 1, W] -> [1, D]
 
     def _kernel(self, kind: str, i: int, size: int) -> Kernel:
-        """The program of layer i for a prefill bucket or decode tier, compiled on first use."""
+        """The program of layer i for a prefill bucket or decode tier, compiled on first use;
+        a program stored by an earlier process (`program_store`) is not even built."""
         key = (kind, i, size)
         if key not in self.kernels:
-            s, w = self.shapes[i], self.layers[i]
-            if kind == "prefill":
-                rope = rope_full_tables(*rope_tables(np.arange(size), self.inv_freq)) if self.rope else None
-                graph = prefill_layer(s, w, size, rope, name=f"prefill_l{i}_s{size}", lora=self.lora_slots)
-            else:
-                graph = decode_layer(s, w, size, self.rope, name=f"decode_l{i}_t{size}", columns=self.columns,
-                                     lora=self.lora_slots)
-            art = compile_graph(graph, self.dev.profile)
+            art = self._program(kind, i, size)
             # inputs and outputs are declared in alphabetical order: MIL names are ours
-            assert not art.meta["aliases"], f"{graph.name}: surfaces were renamed {art.meta['aliases']}"
+            assert not art.meta["aliases"], f"{art.meta['name']}: surfaces were renamed {art.meta['aliases']}"
             # decode reads column 0 alone: the emulator then evaluates that column only
             self.kernels[key] = Kernel(art, self.dev, float32_outputs=True,
                                        read_columns=1 if kind == "decode" else None)
         return self.kernels[key]
 
+    def _program(self, kind: str, i: int, size: int):
+        """The artifact of layer i's program: from the program store, or built (and stored)."""
+        s, w, profile = self.shapes[i], self.layers[i], self.dev.profile
+        name = f"prefill_l{i}_s{size}" if kind == "prefill" else f"decode_l{i}_t{size}"
+
+        def build():
+            if kind == "prefill":
+                rope = rope_full_tables(*rope_tables(np.arange(size), self.inv_freq)) if self.rope else None
+                graph = prefill_layer(s, w, size, rope, name=name, lora=self.lora_slots)
+            else:
+                graph = decode_layer(s, w, size, self.rope, name=name, columns=self.columns, lora=self.lora_slots)
+            return compile_graph(graph, profile)
+
+        store = program_store()
+        if not store.enabled:
+            return build()
+        if i not in self._blobs:
+            self._blobs[i] = LayerBlobs.of(w)  # hashed once per layer, for its prefill and decode programs
+        blobs = self._blobs[i]
+        if blobs is None:  # int8 linears (a quantized folder): built every time, as before
+            return build()
+        rope = f"{self.inv_freq.dtype.str}:{digest(np.ascontiguousarray(self.inv_freq))}" if self.rope else None
+        parts = {"kind": kind, "name": name, "size": size, "shape": repr(s), "family": type(s.family).__qualname__,
+                 "lora": repr(self.lora_slots), "columns": self.columns, "rope": rope,
+                 "profile": profile_identity(profile)}
+        return find_or_build(store, recipe_key(parts, blobs), blobs, build, profile)
+
 
 def _half(w):
-    """A weight matrix as fp16 (what its blob holds; the programs are compiled from it);
-    anything else (int8 weights, vectors) as it is."""
-    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype == np.float32:
-        return to_half(w)
+    """A weight matrix as fp16, held as the payload of its own BLOBFILE (`mil.blob.blob_backed`):
+    the programs are compiled from it and their blobs are it, one memory; anything else (int8
+    weights, vectors) as it is."""
+    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype in (np.float32, np.float16):
+        return blob_backed(w)
     return w

@@ -94,6 +94,14 @@ def _payload(arr: np.ndarray, dtype: str) -> bytes | memoryview:
     return memoryview(a.reshape(-1).view(np.uint8))
 
 
+def _file_header(count: int) -> bytes:
+    return HEADER.pack(count, VERSION).ljust(ALIGN, b"\0")
+
+
+def _meta_block(dtype: str, size: int, meta_at: int, pad_bits: int = 0) -> bytes:
+    return META.pack(SENTINEL, DTYPE_CODES[dtype], size, meta_at + ALIGN, pad_bits).ljust(ALIGN, b"\0")
+
+
 def encode_blob(arrays: Sequence[np.ndarray], dtypes: Sequence[str | None] | None = None) -> tuple[bytes, list[int]]:
     """One BLOBFILE holding `arrays` in order; returns the bytes and each MIL offset.
 
@@ -103,7 +111,7 @@ def encode_blob(arrays: Sequence[np.ndarray], dtypes: Sequence[str | None] | Non
     dtypes = list(dtypes) if dtypes is not None else [None] * len(arrays)
     if len(dtypes) != len(arrays):
         raise BlobError(f"encode_blob got {len(arrays)} arrays but {len(dtypes)} dtypes; expected one per array")
-    parts, offsets, end = [HEADER.pack(len(arrays), VERSION).ljust(ALIGN, b"\0")], [], ALIGN
+    parts, offsets, end = [_file_header(len(arrays))], [], ALIGN
     for arr, dtype in zip(arrays, dtypes):
         arr = np.asarray(arr)
         dtype = dtype or _infer_dtype(arr)
@@ -112,16 +120,81 @@ def encode_blob(arrays: Sequence[np.ndarray], dtypes: Sequence[str | None] | Non
         size = data.nbytes if isinstance(data, memoryview) else len(data)
         pad_bits = size * 8 - arr.size * SUBBYTE_BITS[dtype] if dtype in SUBBYTE_BITS else 0
         meta_at = _align(end)
-        meta = META.pack(SENTINEL, DTYPE_CODES[dtype], size, meta_at + ALIGN, pad_bits).ljust(ALIGN, b"\0")
-        parts += [b"\0" * (meta_at - end), meta, data]
+        parts += [b"\0" * (meta_at - end), _meta_block(dtype, size, meta_at, pad_bits), data]
         offsets.append(meta_at)
         end = meta_at + ALIGN + size
     return b"".join(parts), offsets  # the one copy of each payload
 
 
-def encode_tensor(arr: np.ndarray, dtype: str | None = None) -> bytes:
-    """A single-tensor BLOBFILE; its MIL offset is 64."""
-    return encode_blob([arr], [dtype])[0]
+def encode_tensor(arr: np.ndarray, dtype: str | None = None) -> bytes | memoryview:
+    """A single-tensor BLOBFILE; its MIL offset is 64. An array made by `blob_backed` (or a
+    view of one with its bytes in place, as a reshape is) is already such a file: the result is
+    a read-only view of it, no copy."""
+    arr = np.asarray(arr)
+    found = backing_file(arr, dtype or _BY_NUMPY.get(arr.dtype))
+    return found if found is not None else encode_blob([arr], [dtype])[0]
+
+
+# --------------------------------------------------------------------------- blob-backed arrays
+# A runner's weights and the blobs its programs hold are one memory: each weight lives as the
+# payload of its own single-tensor BLOBFILE (fresh memory costs ~1.2 ns a byte on the VM this
+# was measured on, and a copy of SmolLM2's layers is 212 MB).
+
+SINGLE_PAYLOAD_AT = 2 * ALIGN  # a single-tensor file: file header, metadata block, payload
+
+
+def single_header(dtype: str, size: int) -> bytes:
+    """The 128 bytes before the payload of a single-tensor BLOBFILE (what `encode_tensor` writes)."""
+    return _file_header(1) + _meta_block(dtype, size, ALIGN)
+
+
+def blob_backed(arr: np.ndarray, dtype: str = "fp16") -> np.ndarray:
+    """`arr` as `dtype` (a byte-sized one), read-only, stored as the payload of a single-tensor
+    BLOBFILE buffer: `encode_tensor` of the result (or of a reshape of it) is that file."""
+    _check_dtype(dtype)
+    if dtype in SUBBYTE_BITS:
+        raise BlobError(f"blob_backed holds byte-sized dtypes; {dtype} is packed")
+    from .half import to_half  # noqa: PLC0415 - numba loads with the first conversion
+
+    arr = np.asarray(arr)
+    size = payload_size(dtype, arr.size)
+    file = np.empty(SINGLE_PAYLOAD_AT + size, np.uint8)
+    file[:SINGLE_PAYLOAD_AT] = np.frombuffer(single_header(dtype, size), np.uint8)
+    out = file[SINGLE_PAYLOAD_AT:].view(np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<")).reshape(arr.shape)
+    if dtype == "fp16" and arr.dtype == np.float32:
+        to_half(arr, out=out)
+    else:
+        np.copyto(out, arr, casting="unsafe")
+    file.flags.writeable = False
+    out.flags.writeable = False
+    return out
+
+
+def backing_file(arr: np.ndarray, dtype: str | None) -> memoryview | None:
+    """The whole single-tensor BLOBFILE whose payload `arr` is (`blob_backed`), as a read-only
+    view, or None when `arr` is not one (another dtype, another layout, a writable buffer)."""
+    if dtype is None or dtype in SUBBYTE_BITS or dtype not in DTYPE_CODES or arr.dtype.byteorder == ">":
+        return None
+    file = arr
+    while isinstance(file, np.ndarray) and file.base is not None:
+        file = file.base
+    if not (isinstance(file, np.ndarray) and file.dtype == np.uint8 and file.ndim == 1) or file.flags.writeable:
+        return None
+    if arr.dtype != np.dtype(NUMPY_DTYPES[dtype]) or not arr.flags.c_contiguous \
+            or file.nbytes != SINGLE_PAYLOAD_AT + arr.nbytes \
+            or arr.__array_interface__["data"][0] != file.__array_interface__["data"][0] + SINGLE_PAYLOAD_AT:
+        return None
+    if file[:SINGLE_PAYLOAD_AT].tobytes() != single_header(dtype, arr.nbytes):
+        return None
+    return memoryview(file)
+
+
+def frozen(blob) -> bytes | memoryview:
+    """A blob that cannot change under its reader: bytes as they are, a read-only view as it is
+    (its owner's promise, as `blob_backed` buffers keep it), anything else copied."""
+    if isinstance(blob, bytes) or (isinstance(blob, memoryview) and blob.readonly):
+        return blob
+    return bytes(blob)
 
 
 # --------------------------------------------------------------------------- decoding

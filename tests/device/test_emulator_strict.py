@@ -235,6 +235,15 @@ def test_weights_read_at_compile_across_unload_load(reload_reads):
     assert np.array_equal(got, 2 * x.astype(np.float32) if reload_reads else x)
 
 
+def test_a_strict_compile_writes_its_folder_only_when_asked():
+    """Nothing reads a strict program's compile folder (weights are read at compile), so compiling
+    writes none; asking for it (as rewrite_weight does) writes model.mil and the blobs as compiled."""
+    dev, m = _weight_model(STRICT_NB)
+    assert not m._folder.exists()
+    assert (m.folder / "model.mil").read_text() == _conv_prog(W_CONST)
+    assert (m.folder / "weights" / "w.bin").read_bytes() == W_BLOB["@model_path/weights/w.bin"]
+
+
 def test_compile_budget_raises_at_compile_116(fresh_compile_count, cold_compiles):
     dev = Emulator(STRICT)
     text = relu_prog()

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anelm.errors import BlobError
-from anelm.mil.blob import DTYPE_CODES, Chunk, blob_chunks, decode_blob, encode_blob, encode_tensor
+from anelm.mil.blob import (DTYPE_CODES, Chunk, backing_file, blob_backed, blob_chunks, decode_blob, encode_blob,
+                             encode_tensor, frozen)
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 milstorage = pytest.importorskip("coremltools.libmilstoragepython")
@@ -181,3 +182,41 @@ def test_bad_version_and_unknown_dtype(fp16_blob):
 def test_subbyte_values_out_of_range():
     with pytest.raises(BlobError, match=r"int4 values must lie in \[-8, 7\]; found \[0, 9\]"):
         encode_tensor(np.array([0, 9], np.int8), "int4")
+
+
+@pytest.mark.parametrize("src", [np.float32, np.float16])
+def test_a_blob_backed_array_is_its_own_file_without_a_copy(src):
+    """`blob_backed` keeps an array as the payload of its BLOBFILE: `encode_tensor` of it, or of a
+    reshape of it, is a read-only view of that memory, byte for byte what encoding a plain copy
+    writes (the oracle: the encoder's ordinary path, itself checked against coremltools above)."""
+    a = np.random.default_rng(0).standard_normal((96, 700)).astype(src)  # past numba's size threshold
+    held = blob_backed(a)
+    assert held.dtype == np.float16 and not held.flags.writeable
+    assert np.array_equal(held, a.astype(np.float16))
+    plain = encode_tensor(np.array(held))  # a writable copy: the ordinary encoder
+    for view in (held, held.reshape(96, 700, 1, 1)):
+        blob = encode_tensor(view)
+        assert isinstance(blob, memoryview) and blob.readonly
+        assert np.shares_memory(np.frombuffer(blob, np.uint8), held)
+        assert bytes(blob) == plain
+        assert np.array_equal(decode_blob(blob, 64, "fp16", view.shape), view)
+
+
+def test_only_an_untouched_blob_backed_array_is_served_as_its_file():
+    held = blob_backed(np.ones((8, 8), np.float32))
+    assert backing_file(held, "fp16") is not None
+    assert backing_file(held[:4], "fp16") is None  # a part of the payload: not the whole file
+    assert backing_file(held.T, "fp16") is None  # not C-contiguous
+    assert backing_file(held, "int16") is None  # another dtype than the header says
+    assert backing_file(np.ones((8, 8), np.float16), "fp16") is None  # a plain (writable) array
+    assert isinstance(encode_tensor(held.T), bytes)  # encoded as before
+
+
+def test_frozen_copies_only_what_could_change():
+    b = b"abc"
+    view = memoryview(b)
+    assert frozen(b) is b and frozen(view) is view
+    mutable = bytearray(b"abc")
+    snap = frozen(mutable)
+    mutable[0] = 0
+    assert snap == b"abc"
