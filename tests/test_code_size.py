@@ -10,8 +10,9 @@ MAX_MODULE_LINES = 400
 # 20000 until this round; grown by what each capability needed: LoRA (issue 14: adapters, the
 # LoRA and GPT-2 training steps, finetune), the kernel cache and the MIL fast reader (issue 18),
 # column-separable evaluation and the reject table (issue 13), the reference static programs (16);
-# then the fp16-resident decode (18), LoRA dropout (14), Orion's and maderix's first programs (16)
-MAX_PACKAGE_LINES = 23000
+# then the fp16-resident decode (18), LoRA dropout (14), Orion's and maderix's first programs (16),
+# the bound one-column steps of decode (18)
+MAX_PACKAGE_LINES = 23200
 
 
 def line_counts() -> dict[str, int]:
