@@ -66,7 +66,7 @@ def accumulated(op: str, compute: Callable, dtype: str, profile: ChipProfile) ->
     if kind == "fp32":
         if op == "scaled_dot_product_attention":
             return lambda x, p: sdpa(x, p, mm=lambda a, b: saturate(np.matmul(a, b), limit))
-        return lambda x, p: [saturate(r, limit) for r in compute(x, p)]
+        return Saturated(compute, float(limit))
     cap = np.inf if limit is None else float(limit)
     if op == "conv":
         return lambda x, p: [_to_fp16(r) for r in conv(x, p, conv2d=lambda v, w, b, q: _fixed_conv2d(v, w, b, q, cap))]
@@ -74,6 +74,17 @@ def accumulated(op: str, compute: Callable, dtype: str, profile: ChipProfile) ->
         return lambda x, p: [_to_fp16(r) for r in matmul(x, p, mm=lambda a, b: _fixed_matmul(a, b, cap))]
     # attention's intermediates stay float32, as the op table keeps them; only the sums change
     return lambda x, p: sdpa(x, p, mm=lambda a, b: _fixed_matmul(a, b, cap).astype(np.float32))
+
+
+class Saturated:
+    """`compute` with the fp32 accumulator's limit on its results: a class rather than a closure,
+    so that the emulator's bound steps (emulator_steps) can bind the compute it wraps."""
+
+    def __init__(self, compute: Callable, limit: float):
+        self.compute, self.limit = compute, limit
+
+    def __call__(self, x: dict, p: dict) -> list[np.ndarray]:
+        return [saturate(r, self.limit) for r in self.compute(x, p)]
 
 
 @numba.njit(nogil=True, cache=True)

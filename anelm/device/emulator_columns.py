@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .emulator_plan import Plan, Step
+from .emulator_steps import BoundPlan
 
 COLUMN_BLOCK = 16  # the widest program evaluated column by column: strict's padded decode width
 
@@ -231,6 +232,11 @@ class ColumnPlan:
     one: Plan  # the width-1 plan
     carried_inputs: frozenset[str]
     carried_outputs: frozenset[str]
+    bound: BoundPlan | None = None  # `one` bound for its many small runs (emulator_steps)
+
+    def __post_init__(self):
+        if self.bound is None:
+            self.bound = BoundPlan(self.one)
 
     def run(self, inputs: dict[str, np.ndarray], exact, read: int | None, full: Plan,
             overflow: list | None = None) -> dict[str, np.ndarray]:
@@ -241,7 +247,7 @@ class ColumnPlan:
             column = {n: np.ascontiguousarray(a[..., j:j + 1]) if n in self.carried_inputs else a
                       for n, a in inputs.items()}
             found: list | None = [] if overflow is not None and not overflow else None
-            got = self.one.run(column, exact, overflow=found)
+            got = self.bound.run(column, exact, overflow=found)
             if found:
                 overflow.extend(found)
             for name, a in got.items():

@@ -13,6 +13,10 @@ Operand kinds, by MIL argument name:
 `compute(x: dict[str, np.ndarray float32], p: dict[str, Any]) -> list[np.ndarray]` computes
 in float32; the emulator rounds each result to the declared dtype (fp16 in `strict`).
 `infer(t: dict[str, TensorType], p: dict[str, Any]) -> list[TensorType]` raises ShapeError.
+`bind(p, shapes) -> fn` (optional, one-result ops) is `compute` specialised once to full params
+and fixed operand shapes (`shapes` in `inputs` order): `fn(*arrays)` takes the operands in that
+order and returns the one result, the same values from the same numpy calls as `compute`, with
+the shape and axis bookkeeping done at bind time (the emulator's small-tensor steps run so).
 
 Param values are plain Python: int, float, bool, str, or lists of those (a MIL `tensor<int32,
 [4]>` const becomes a list of 4 ints). A tuple operand (concat's `values`) arrives as a list of
@@ -32,6 +36,7 @@ from ..mil.program import TensorType
 
 Infer = Callable[[dict[str, TensorType], dict[str, Any]], list[TensorType]]
 Compute = Callable[[dict[str, Any], dict[str, Any]], list[Any]]
+Bind = Callable[[dict[str, Any], tuple[tuple[int, ...], ...]], Callable[..., Any]]
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class OpDef:
     optional: frozenset[str] = frozenset()  # inputs that may be absent (conv bias, sdpa mask)
     const_inputs: frozenset[str] = frozenset()
     in_attrs: bool = False  # constexpr_*: every operand sits in the [...] brackets
+    bind: Bind | None = None  # compute for fixed params and shapes (module doc), or None
 
 
 REQUIRED = object()
@@ -85,7 +91,7 @@ def _check_inputs(op: OpDef, t: dict[str, Any]) -> None:
 
 def define(name: str, inputs: tuple[str, ...], infer: Infer, compute: Compute, *,
            params: dict[str, Any] | None = None, optional: tuple[str, ...] = (),
-           const_inputs: tuple[str, ...] = (), in_attrs: bool = False) -> OpDef:
+           const_inputs: tuple[str, ...] = (), in_attrs: bool = False, bind: Bind | None = None) -> OpDef:
     """Register an op whose `infer`/`compute` fill param defaults and prefix errors with the op.
 
     The raw functions may then assume every param is present and raise `ShapeError` with just
@@ -104,7 +110,7 @@ def define(name: str, inputs: tuple[str, ...], infer: Infer, compute: Compute, *
 
     # the closures above read `op` when called, after it is bound here
     op = OpDef(name, tuple(inputs), dict(params or {}), _infer, _compute,
-               frozenset(optional), frozenset(const_inputs), in_attrs)
+               frozenset(optional), frozenset(const_inputs), in_attrs, bind)
     _RAW_COMPUTE[name] = compute
     return register(op)
 

@@ -56,7 +56,7 @@ _BINARY = {
     "pow": _pow, "maximum": np.maximum, "minimum": np.minimum,
 }
 for _name, _fn in _BINARY.items():
-    define(_name, ("x", "y"), _infer_binary, _binary(_fn))
+    define(_name, ("x", "y"), _infer_binary, _binary(_fn), bind=lambda p, shapes, fn=_fn: fn)
 
 # ----------------------------------------------------------------------------- unary
 
@@ -116,7 +116,7 @@ _UNARY = {
     "relu": lambda v: np.maximum(v, np.float32(0)),
 }
 for _name, _fn in _UNARY.items():
-    define(_name, ("x",), _infer_unary, _unary(_fn))
+    define(_name, ("x",), _infer_unary, _unary(_fn), bind=lambda p, shapes, fn=_fn: fn)
 
 define("rsqrt", ("x",), _infer_unary,
        lambda x, p: [(1.0 / np.sqrt(x["x"] + np.float32(p["epsilon"]))).astype(np.float32)],

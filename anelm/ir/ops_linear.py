@@ -153,15 +153,20 @@ def _infer_matmul(t, p):
 def matmul(x, p, mm=np.matmul):
     """matmul's compute; `mm` multiplies (the emulator passes its accumulator's product)."""
     a, b = x["x"], x["y"]
-    if p["transpose_x"] and a.ndim >= 2:
-        a = np.swapaxes(a, -1, -2)
-    if p["transpose_y"] and b.ndim >= 2:
-        b = np.swapaxes(b, -1, -2)
-    return [mm(a, b)]
+    return [bind_matmul(p, (np.shape(a), np.shape(b)), mm)(a, b)]
+
+
+def bind_matmul(p, shapes, mm=np.matmul):
+    """matmul's compute for operands of `shapes`: the transposes are decided once."""
+    flip_x = bool(p["transpose_x"]) and len(shapes[0]) >= 2
+    flip_y = bool(p["transpose_y"]) and len(shapes[1]) >= 2
+    if not (flip_x or flip_y):
+        return mm
+    return lambda a, b: mm(np.swapaxes(a, -1, -2) if flip_x else a, np.swapaxes(b, -1, -2) if flip_y else b)
 
 
 define("matmul", ("x", "y"), _infer_matmul, matmul,
-       params={"transpose_x": False, "transpose_y": False})
+       params={"transpose_x": False, "transpose_y": False}, bind=bind_matmul)
 
 # ----------------------------------------------------------------------------- attention
 

@@ -22,15 +22,19 @@ def _infer_reduce(t, p):
 
 
 def _reducer(fn):
+    def bind(p, shapes):
+        axes, keep = tuple(axes_of(p["axes"], len(shapes[0]))), bool(p["keep_dims"])
+        return lambda v: np.asarray(fn(v, axis=axes, keepdims=keep), dtype=np.float32)
+
     def compute(x, p):
-        v = x["x"]
-        axes = tuple(axes_of(p["axes"], v.ndim))
-        return [np.asarray(fn(v, axis=axes, keepdims=bool(p["keep_dims"])), dtype=np.float32)]
-    return compute
+        return [bind(p, (np.shape(x["x"]),))(x["x"])]
+    return compute, bind
 
 
-for _name, _fn in (("reduce_sum", np.sum), ("reduce_mean", np.mean), ("reduce_max", np.max)):
-    define(_name, ("x",), _infer_reduce, _reducer(_fn), params={"axes": None, "keep_dims": False})
+# the ufuncs' reduce is what np.sum and np.max call on an ndarray, without their dispatch
+for _name, _fn in (("reduce_sum", np.add.reduce), ("reduce_mean", np.mean), ("reduce_max", np.maximum.reduce)):
+    _compute, _bind = _reducer(_fn)
+    define(_name, ("x",), _infer_reduce, _compute, params={"axes": None, "keep_dims": False}, bind=_bind)
 
 # ----------------------------------------------------------------------------- softmax
 

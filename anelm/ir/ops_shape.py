@@ -33,9 +33,13 @@ def _infer_reshape(t, p):
     return [tensor(t["x"].dtype, reshape_target(dims(t["x"]), p["shape"]))]
 
 
-define("reshape", ("x",), _infer_reshape,
-       lambda x, p: [x["x"].reshape(reshape_target(x["x"].shape, p["shape"]))],
-       params={"shape": REQUIRED})
+def _bind_reshape(p, shapes):
+    target = reshape_target(shapes[0], p["shape"])
+    return lambda a: a.reshape(target)
+
+
+define("reshape", ("x",), _infer_reshape, lambda x, p: [_bind_reshape(p, (x["x"].shape,))(x["x"])],
+       params={"shape": REQUIRED}, bind=_bind_reshape)
 
 # ----------------------------------------------------------------------------- transpose
 
@@ -52,9 +56,13 @@ def _infer_transpose(t, p):
     return [tensor(t["x"].dtype, tuple(shape[a] for a in _perm(p["perm"], len(shape))))]
 
 
-define("transpose", ("x",), _infer_transpose,
-       lambda x, p: [np.transpose(x["x"], _perm(p["perm"], x["x"].ndim))],
-       params={"perm": REQUIRED})
+def _bind_transpose(p, shapes):
+    perm = _perm(p["perm"], len(shapes[0]))
+    return lambda a: np.transpose(a, perm)
+
+
+define("transpose", ("x",), _infer_transpose, lambda x, p: [_bind_transpose(p, (x["x"].shape,))(x["x"])],
+       params={"perm": REQUIRED}, bind=_bind_transpose)
 
 # ----------------------------------------------------------------------------- slice_by_size
 
@@ -79,9 +87,14 @@ def _infer_slice_by_size(t, p):
     return [tensor(t["x"].dtype, tuple(s.stop - s.start for s in sl))]
 
 
+def _bind_slice_by_size(p, shapes):
+    key = size_slices(shapes[0], p["begin"], p["size"])
+    return lambda a: a[key]
+
+
 define("slice_by_size", ("x",), _infer_slice_by_size,
-       lambda x, p: [x["x"][size_slices(x["x"].shape, p["begin"], p["size"])]],
-       params={"begin": REQUIRED, "size": REQUIRED})
+       lambda x, p: [_bind_slice_by_size(p, (x["x"].shape,))(x["x"])],
+       params={"begin": REQUIRED, "size": REQUIRED}, bind=_bind_slice_by_size)
 
 # ----------------------------------------------------------------------------- slice_by_index
 
@@ -121,15 +134,16 @@ def _infer_slice_by_index(t, p):
     return [TensorType(t["x"].dtype, out)]
 
 
-def _slice_by_index(x, p):
-    key, squeeze = index_slices(x["x"].shape, p)
-    v = x["x"][key]
-    return [v.reshape([d for i, d in enumerate(v.shape) if i not in squeeze])]
+def _bind_slice_by_index(p, shapes):
+    key, squeeze = index_slices(shapes[0], p)
+    kept = [len(range(*k.indices(d))) for i, (k, d) in enumerate(zip(key, shapes[0])) if i not in squeeze]
+    return lambda a: a[key].reshape(kept)
 
 
-define("slice_by_index", ("x",), _infer_slice_by_index, _slice_by_index,
+define("slice_by_index", ("x",), _infer_slice_by_index,
+       lambda x, p: [_bind_slice_by_index(p, (x["x"].shape,))(x["x"])],
        params={"begin": REQUIRED, "end": REQUIRED, "stride": None,
-               "begin_mask": None, "end_mask": None, "squeeze_mask": None})
+               "begin_mask": None, "end_mask": None, "squeeze_mask": None}, bind=_bind_slice_by_index)
 
 # ----------------------------------------------------------------------------- concat
 

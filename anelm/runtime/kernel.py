@@ -51,6 +51,8 @@ def _to_host_half(a: np.ndarray, host: np.dtype, exact: bool = False) -> np.ndar
     `exact` says they are fp16 values already (a float16 host's cast rounds by itself)."""
     if host == np.float32 and a.dtype != np.float16 and not exact:
         return round_fp16(a)
+    if a.dtype == host and a.flags.c_contiguous:
+        return a  # what the cast below hands back, without its error-state switch
     with np.errstate(over="ignore"):
         return np.ascontiguousarray(a, dtype=host)
 
@@ -234,7 +236,7 @@ class Request:
         surface = self.surfaces[self._specs[name][0]]
         live = getattr(surface, "live_half", None)  # the emulator's surfaces hold float32 values
         if spec.dtype == "fp16" and live is not None:
-            return live(int(np.prod(spec.shape))).reshape(spec.shape), True
+            return live(math.prod(spec.shape)).reshape(spec.shape), True
         if name not in self._mirror:  # a host copy of what was staged so far
             raw = surface.read(spec.nbytes)
             self._mirror[name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape).copy()
