@@ -41,6 +41,7 @@ import xxhash
 
 from ..caches import cache_dir
 from ..compiler.artifact import Artifact, Signature
+from ..compiler.passes.validate import sram_notice
 from ..device.disk_cache import DiskCache
 from ..mil.blob import backing_file
 
@@ -165,6 +166,9 @@ def _load(payload: bytes | None, layer: LayerBlobs, profile) -> Artifact | None:
                     return None
                 weights[path] = body[start:start + size].toreadonly()
         art = Artifact(head["mil"], weights, Signature.from_json(head["signature"]), head["meta"])
-        return art.known_key(head["key"], profile)
+        art = art.known_key(head["key"], profile)
     except Exception:  # noqa: BLE001 - an entry that does not read is a miss: rebuilt and rewritten
         return None
+    if art.meta.get("sram"):
+        sram_notice(art.meta["sram"])  # the notice its compile gave: the same program runs
+    return art

@@ -174,3 +174,17 @@ def test_a_large_unmatched_blob_writes_no_entry(tiny, monkeypatch):
     monkeypatch.setattr(program_store, "SMALL_BLOB", 64)  # every bias and norm vector is now "large"
     generate(config, weights, Emulator(NOBUDGET))
     assert not list(program_store.program_store().root.glob("*.bin"))
+
+
+def test_a_warm_hit_gives_the_notice_its_compile_gave(tiny, monkeypatch):
+    """A program past the SRAM threshold says so whether it was compiled or found in the store:
+    the same program runs either way (here every tiny program passes a 1-byte threshold)."""
+    from anelm.compiler.passes import validate
+
+    monkeypatch.setattr(validate, "SRAM_BYTES", 1)
+    config, weights = tiny["gpt2"]
+    with pytest.warns(UserWarning, match="SRAM working set exceeds"):
+        generate(config, weights, Emulator(NOBUDGET))
+    Builds(monkeypatch).forbid()
+    with pytest.warns(UserWarning, match="SRAM working set exceeds"):
+        generate(config, weights, Emulator(NOBUDGET))

@@ -111,11 +111,18 @@ def sram_estimate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
                f"the measured {SRAM_BYTES / 1e6:.2f} MB threshold (weights {weights / 2**20:.1f} MiB + activations "
                f"{acts / 2**20:.1f} MiB); expect it to run slower, or split the program")
         graph.meta.setdefault("warnings", []).append(msg)
-        # one text for every program, so Python shows it once per process: a real model's
-        # dozens of layer kernels all pass the threshold, and each program's figures are in its meta
-        warnings.warn(f"a program's SRAM working set exceeds the measured {SRAM_BYTES / 1e6:.3g} MB threshold; "
-                      "expect such programs to run slower (each program's estimate is in its meta)", stacklevel=2)
+        sram_notice(est)
     return None
+
+
+def sram_notice(est: dict) -> None:
+    """The notice of a program past the threshold (`meta["sram"]` = est), also for a program
+    found in a store instead of compiled. One text for every program, so Python shows it once
+    per process: a real model's dozens of layer kernels all pass it, their figures in their meta."""
+    if est["estimate_bytes"] > est["limit_bytes"]:
+        warnings.warn(f"a program's SRAM working set exceeds the measured {est['limit_bytes'] / 1e6:.3g} MB "
+                      "threshold; expect such programs to run slower (each program's estimate is in its meta)",
+                      stacklevel=3)
 
 
 def resident_weight_bytes(graph: Graph) -> int:
