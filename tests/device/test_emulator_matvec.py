@@ -48,6 +48,10 @@ def test_bit_patterns_round_trip_every_fp16_value():
     assert np.array_equal(got[finite].view(np.uint32), values[finite].view(np.uint32))  # -0 and subnormals too
     assert np.array_equal(np.isnan(got), np.isnan(values)) and np.array_equal(got[np.isinf(values)], values[np.isinf(values)])
     assert np.array_equal(half_bits(values[finite]), bits[finite])
+    blocked = np.empty(bits.size, np.float32)
+    emulator_matvec.widen_into(bits, blocked)  # the row blocks' F16C widening: the same values
+    assert np.array_equal(blocked[~np.isnan(values)].view(np.uint32), values[~np.isnan(values)].view(np.uint32))
+    assert np.array_equal(np.isnan(blocked), np.isnan(values))
 
 
 def test_matvec_is_within_one_ulp_of_the_exact_sum():
