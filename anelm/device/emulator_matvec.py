@@ -1,26 +1,34 @@
-"""fp16-resident weights for the decode path: matrix-vector products that stream fp16.
+"""fp16-resident weights: conv products that read the fp16 patterns, never a float32 copy.
 
 The ANE holds its weights as fp16; the emulator's working form is float32 arrays of fp16
-values (`fp16`), which BLAS multiplies at full speed when a program runs over many columns
-(prefill, training: compute-bound). A decode program runs one column: a matrix-vector product,
-bound by reading the weights, so float32 weights read twice the bytes the chip reads and hold
-twice the memory. Here a 1x1 conv's const weight is a `ResidentWeight` that takes the form its
-evaluations need:
+values (`fp16`). Float32 weights hold twice the memory and, where a product is bound by reading
+them, cost twice the time. Here a 1x1 conv's const weight is a `ResidentWeight`: its raw 16-bit
+fp16 patterns (`uint16`), a view of the BLOBFILE's bytes when the weight is a blob
+(`emulator_plan` never decodes it to float32), else made from the float32 copy, which is then
+dropped. Its evaluations:
 
-* evaluated one column at a time, it is the raw 16-bit fp16 patterns (`uint16`): a view of the
-  BLOBFILE's bytes when the weight is a blob (`emulator_plan` never decodes it to float32), else
-  made from the float32 copy, which is then dropped; `matvec_fp16` widens each element as it streams past (the F16C
+* one column (decode): `matvec_fp16` widens each element as it streams past (the F16C
   instruction `vcvtph2ps`, which LLVM emits for the `fpext half` of `half_to_float32`) and
   accumulates in float32;
-* evaluated over more columns, it is (or becomes again, once, for good) float32 for BLAS.
+* several columns (prefill, training): `half_times` widens a block of rows at a time into a
+  per-thread scratch (`SCRATCH`, 1 MB) and multiplies it with float32 BLAS into those output
+  rows. Measured against one product with a float32 copy of the whole weight (SmolLM2's and
+  stories110m's shapes, 16 to 1024 columns, weights not in cache, alternating rounds): 0.8-1.0x
+  its time at prefill widths, where fp16 reads half the bytes, and within 5% (the machine's
+  noise) at training widths; 256 KB blocks were up to 1.2x slower at 256 columns (one BLAS call
+  per 32 rows of a 2048-wide weight). So there is no float32 copy to switch to: a weight
+  evaluated wide over and over (training, chat turns) stays fp16, and its memory stays half.
 
 The accumulator modelled is `"accumulator": "fp32"` (CONTRACTS §2.9): the sum of the products
 in float32, in an order the contract leaves open, then the profile's limit (as
 `emulator_accum.accumulated` applies it to the op table's conv) and the rounding of the result to fp16. The
-float32 sums here are formed in another order than BLAS forms them (eight lanes and several
-partial sums, fused multiply-adds), so a result close to a rounding boundary can land one fp16
-ulp away from the BLAS path's; `tests/device/test_emulator_matvec.py` measures how often. The q15.16
-register (`emulator_accum`) prescribes its order and keeps its own path; so do int8 weights.
+float32 sums here are formed in other orders than one whole-matrix BLAS product forms them:
+the matrix-vector product's eight lanes and several partial sums, and BLAS's own kernels,
+which depend on the block's row count (OpenBLAS gives other float32 sums for some rows of a
+row block than for the same rows of the whole matrix). A result close to a rounding boundary
+can so land one fp16 ulp away from the whole-matrix product's; `tests/device/test_emulator_matvec.py`
+measures how often. The q15.16 register (`emulator_accum`) prescribes its order and keeps its
+own path; so do int8 weights.
 """
 
 from __future__ import annotations
@@ -36,7 +44,6 @@ from numba.extending import intrinsic
 
 from ..chip.profile import ChipProfile
 from ..ir.ops_common import as_list
-from ..ir.ops_linear import conv
 from ..mil.half import from_half, to_half
 from .emulator_accum import saturate
 
@@ -77,6 +84,45 @@ def widen(bits: np.ndarray) -> np.ndarray:
     return from_half(np.ascontiguousarray(bits, np.uint16).view(np.float16))
 
 
+@numba.njit(nogil=True, cache=True)
+def widen_into(bits: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out[i] = the fp16 value of bits[i] (1-D uint16 -> 1-D float32, preallocated): `vcvtph2ps`,
+    eight at a time: 0.25 ns an element streamed from memory, `from_half`'s integer form 0.7 (NaN
+    payloads aside: `fpext` quiets a signalling NaN)."""
+    for i in range(bits.size):
+        out[i] = half_to_float32(bits[i])
+
+
+SCRATCH = 1 << 18  # float32 elements widened at once (1 MB; module doc)
+_scratch = threading.local()  # one buffer per thread: the training kernels evaluate from workers
+
+
+def widened_rows(bits: np.ndarray):
+    """(first row, float32 block) for consecutive row blocks of bits `[R, C]` (fp16 patterns),
+    each widened into this thread's scratch, which the next block overwrites."""
+    r_all, c = bits.shape
+    rows = max(16, SCRATCH // max(c, 1))
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < rows * c:
+        buf = _scratch.buf = np.empty(rows * c, np.float32)
+    for r in range(0, r_all, rows):
+        block = bits[r:r + rows]
+        n = len(block) * c
+        widen_into(block.reshape(-1), buf[:n])
+        yield r, buf[:n].reshape(len(block), c)
+
+
+def half_times(bits: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """bits `[OC, C]` (fp16 patterns) times x `[N, C, T]`: float32 `[N, OC, T]`, float32 BLAS
+    over row blocks widened one at a time (no float32 copy of the whole matrix)."""
+    x = np.asarray(x, np.float32)
+    out = np.empty((x.shape[0], bits.shape[0], x.shape[2]), np.float32)
+    for r, w in widened_rows(bits):
+        for n in range(x.shape[0]):
+            np.dot(w, x[n], out=out[n, r:r + len(w)])
+    return out
+
+
 def half_matvec(bits: np.ndarray, x: np.ndarray) -> np.ndarray:
     """bits `[OC, C]` (uint16 fp16 patterns) times x `[C]`: float32 `[OC]`, summed in float32."""
     out = np.empty(bits.shape[0], np.float32)
@@ -85,42 +131,36 @@ def half_matvec(bits: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 class ResidentWeight:
-    """A 1x1 conv weight `[OC, C, 1(, 1)]` held in one form at a time: fp16 patterns while every
-    evaluation has been one column wide, float32 once one was wider. `values` are float32 fp16
-    values, or float16 (a BLOBFILE's bytes, viewed in place: the patterns themselves, held as
-    they are, with no float32 copy made)."""
+    """A 1x1 conv weight `[OC, C, 1(, 1)]` held as its fp16 patterns for every evaluation: one
+    column through `matvec_fp16`, several through BLAS over row blocks widened one at a time
+    (`half_times`), which measured as fast as one product with a float32 copy (module doc), so
+    no float32 copy is ever kept. `values` are float32 fp16 values (turned into patterns at the
+    first evaluation, and dropped) or float16 (a BLOBFILE's bytes, viewed in place)."""
 
     def __init__(self, values: np.ndarray):
         self.shape = values.shape
         half = values.dtype == np.float16
         self.f32: np.ndarray | None = None if half else values
         self.f16: np.ndarray | None = values.reshape(self.shape[0], -1).view(np.uint16) if half else None
-        self.wide = False  # an evaluation over several columns has happened: float32 for good
         self._lock = threading.Lock()
+
+    def bits(self) -> np.ndarray:
+        """The fp16 patterns `[OC, C]` (uint16)."""
+        f16 = self.f16
+        if f16 is None:
+            with self._lock:
+                if self.f16 is None:
+                    self.f16, self.f32 = half_bits(self.f32.reshape(self.shape[0], -1)), None
+                f16 = self.f16
+        return f16
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
         """W·x for one column x `[C]` as float32 `[OC]`."""
-        f16 = self.f16
-        if f16 is None and not self.wide:
-            with self._lock:
-                if self.f16 is None and not self.wide:
-                    self.f16 = half_bits(self.f32.reshape(self.shape[0], -1))
-                    self.f32 = None
-                f16 = self.f16
-        if f16 is not None:
-            return half_matvec(f16, x)
-        return self.matrix().reshape(self.shape[0], -1) @ np.asarray(x, np.float32)
+        return half_matvec(self.bits(), x)
 
-    def matrix(self) -> np.ndarray:
-        """The float32 weight for BLAS; from now on the resident form."""
-        f32 = self.f32
-        if f32 is None:
-            with self._lock:
-                if self.f32 is None:
-                    self.f32, self.f16 = widen(self.f16).reshape(self.shape), None
-                f32 = self.f32
-        self.wide = True
-        return f32
+    def times(self, x: np.ndarray) -> np.ndarray:
+        """W·x for x `[N, C, T]` as float32 `[N, OC, T]`."""
+        return half_times(self.bits(), x)
 
     @property
     def nbytes(self) -> int:
@@ -136,11 +176,12 @@ class ResidentConv:
 
     def __call__(self, x: dict, p: dict) -> list[np.ndarray]:
         v, bias = x["x"], x.get("bias")
+        shape = (v.shape[0], self.weight.shape[0]) + v.shape[2:]
         if v.shape[0] * int(np.prod(v.shape[2:])) == 1:  # one column: the decode path
-            out = self.weight.matvec(v.reshape(-1)).reshape((1, -1) + (1,) * (v.ndim - 2))
-            out = out if bias is None else out + bias.reshape(out.shape)
-        else:
-            out = conv({**x, "weight": self.weight.matrix()}, p)[0]
+            out = self.weight.matvec(v.reshape(-1)).reshape(shape)
+        else:  # prefill, training: the product over all columns at once
+            out = self.weight.times(v.reshape(v.shape[0], v.shape[1], -1)).reshape(shape)
+        out = out if bias is None else out + bias.reshape((1, -1) + (1,) * (v.ndim - 2))
         return [out if self.limit is None else saturate(out, self.limit)]
 
 
@@ -173,8 +214,6 @@ class HalfMatrix:
     """A float matrix `[R, C]` held as fp16 patterns (half the memory of float32): indexing
     widens the rows it picks (an embedding lookup); `times` multiplies rows of activations."""
 
-    BLOCK = 4096  # rows widened at once when many activations share the matrix
-
     def __init__(self, values: np.ndarray):
         self.bits = half_bits(values)
         self.shape = self.bits.shape
@@ -189,6 +228,6 @@ class HalfMatrix:
         if len(x) <= 2:
             return np.stack([half_matvec(self.bits, row) for row in x])
         out = np.empty((len(x), self.shape[0]), np.float32)
-        for r in range(0, self.shape[0], self.BLOCK):
-            out[:, r:r + self.BLOCK] = x @ widen(self.bits[r:r + self.BLOCK]).T
+        for r, w in widened_rows(self.bits):
+            out[:, r:r + len(w)] = x @ w.T
         return out

@@ -246,6 +246,25 @@ def test_the_runner_keeps_fp16_layers_and_head_only(models):
         assert isinstance(runner.head, HalfMatrix)
 
 
+def test_prefill_multiplies_the_fp16_layer_weights_and_keeps_no_float32_copy(models, monkeypatch):
+    """A 22-token prompt runs bucket 32, evaluated whole (not column by column): every conv reads
+    its weight's fp16 patterns through the row-blocked product (device/emulator_matvec), so no
+    prefill kernel holds a float32 copy afterwards, and the logits are those of the float32-copy
+    product it replaced (the same sums, some in another order: KV_TOL)."""
+    from anelm.device.emulator_matvec import ResidentConv, ResidentWeight, widen
+
+    runner, _, config, _ = models["llama-gqa"]
+    prompt = PROMPTS[1]
+    got = runner.prefill(prompt, runner.new_cache())
+    held = [st.fn.weight for key, k in runner.kernels.items() if key[0] == "prefill" and key[2] == 32
+            for st in k.model.plan.steps if isinstance(st.fn, ResidentConv)]
+    assert len(held) >= 3 * config.num_hidden_layers
+    assert all(w.f32 is None and w.nbytes == w.f16.size * 2 for w in held)
+    monkeypatch.setattr(ResidentWeight, "times", lambda w, x: np.matmul(widen(w.bits()), x))  # the route before
+    before = runner.prefill(prompt, runner.new_cache())
+    assert rel_err(got, before) <= KV_TOL
+
+
 def test_a_warm_kernel_cache_decodes_as_the_cold_compile(models, tmp_path, monkeypatch):
     """Programs loaded from the on-disk kernel cache (a new device: nothing in the process-wide
     program cache) give the cold compile's logits bit for bit, and compile nothing."""
