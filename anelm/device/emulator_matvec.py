@@ -33,6 +33,7 @@ own path; so do int8 weights.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -176,13 +177,17 @@ class ResidentConv:
 
     def __call__(self, x: dict, p: dict) -> list[np.ndarray]:
         v, bias = x["x"], x.get("bias")
-        shape = (v.shape[0], self.weight.shape[0]) + v.shape[2:]
-        if v.shape[0] * int(np.prod(v.shape[2:])) == 1:  # one column: the decode path
-            out = self.weight.matvec(v.reshape(-1)).reshape(shape)
+        if v.shape[0] * math.prod(v.shape[2:]) == 1:  # one column: the decode path
+            out = self.column(v)
         else:  # prefill, training: the product over all columns at once
+            shape = (v.shape[0], self.weight.shape[0]) + v.shape[2:]
             out = self.weight.times(v.reshape(v.shape[0], v.shape[1], -1)).reshape(shape)
         out = out if bias is None else out + bias.reshape((1, -1) + (1,) * (v.ndim - 2))
         return [out if self.limit is None else saturate(out, self.limit)]
+
+    def column(self, v: np.ndarray) -> np.ndarray:
+        """The product of one column v `[1, C, 1(, 1)]` (a decode token's), without a bias or the limit."""
+        return self.weight.matvec(v.reshape(-1)).reshape((1, -1) + (1,) * (v.ndim - 2))
 
 
 def resident_conv(op: str, tensors: list, params: dict, consts: dict, dtype: str, profile: ChipProfile,

@@ -47,9 +47,7 @@ def _bound_compute(st: Step, plan: Plan) -> Callable[..., Any] | None:
     if isinstance(fn, Saturated):
         fn, limit = fn.compute, fn.limit
     if isinstance(fn, ResidentConv) and names == ["x"] and shapes[0][0] * math.prod(shapes[0][2:]) == 1:
-        # ResidentConv's one-column path (a decode token's product), without its per-call checks
-        weight, limit, out = fn.weight, fn.limit, (1, -1) + (1,) * (len(shapes[0]) - 2)
-        bound = lambda v: weight.matvec(v.reshape(-1)).reshape(out)  # noqa: E731
+        bound, limit = fn.column, fn.limit  # a decode token's product, without the per-call checks
     elif op.bind is not None and fn is raw_compute(op) and names == [n for n in op.inputs if n in names]:
         bound = op.bind(st.params, shapes)
     else:
