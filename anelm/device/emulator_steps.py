@@ -30,7 +30,7 @@ from ..ir.ops import OP_TABLE, raw_compute
 from .emulator_accum import Saturated, saturate
 from .emulator_matvec import ResidentConv
 from .emulator_plan import Plan, Step
-from .fp16 import _round_counted_in_place, _round_in_place, round_fp16, round_fp16_owned
+from .fp16 import round_counted_in_place, round_in_place, round_fp16, round_fp16_owned
 from .overflow import FirstOverflow
 
 _F32 = np.dtype(np.float32)
@@ -119,10 +119,10 @@ class BoundPlan:
                     if b.fresh and type(res) is np.ndarray and res.dtype is _F32 and res.flags.c_contiguous \
                             and res.flags.writeable:
                         if not watching:
-                            _round_in_place(res.reshape(-1))
+                            round_in_place(res.reshape(-1))
                             env[b.outs[0]] = res
                             continue
-                        if not _round_counted_in_place(res.reshape(-1)):
+                        if not round_counted_in_place(res.reshape(-1)):
                             env[b.outs[0]] = res
                             continue
                     elif not watching:
