@@ -30,11 +30,8 @@ from ..ir.ops import OP_TABLE, raw_compute
 from .emulator_accum import Saturated, saturate
 from .emulator_matvec import ResidentConv
 from .emulator_plan import Plan, Step
-from .fp16 import round_counted_in_place, round_in_place, round_fp16, round_fp16_owned
+from .fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted
 from .overflow import FirstOverflow
-
-_F32 = np.dtype(np.float32)
-
 
 def _bound_compute(st: Step, plan: Plan) -> Callable[..., Any] | None:
     """The step's compute as `fn(*operands) -> result`, bound to its params and shapes, or None."""
@@ -116,18 +113,14 @@ class BoundPlan:
                 else:
                     res = b.call(*b.operands(env))
                 if b.single:
-                    if b.fresh and type(res) is np.ndarray and res.dtype is _F32 and res.flags.c_contiguous \
-                            and res.flags.writeable:
-                        if not watching:
-                            round_in_place(res.reshape(-1))
-                            env[b.outs[0]] = res
-                            continue
-                        if not round_counted_in_place(res.reshape(-1)):
-                            env[b.outs[0]] = res
-                            continue
-                    elif not watching:
+                    if not watching:
                         env[b.outs[0]] = b.rounders[0](res)
                         continue
+                    if b.fresh:  # rounded where it lies and counted in one pass
+                        res, bad = round_fp16_owned_counted(res)
+                        if not bad:
+                            env[b.outs[0]] = res
+                            continue
                     res = [res]
                 if not watching:
                     for i, rnd, r in zip(b.outs, b.rounders, res):

@@ -59,7 +59,7 @@ def _round_into(src: np.ndarray, dst: np.ndarray) -> None:
 
 
 @numba.njit(nogil=True, cache=True)
-def round_in_place(a: np.ndarray) -> None:
+def _round_in_place(a: np.ndarray) -> None:
     """Round a 1-D float32 array onto the fp16 grid in place (numpy's float16 cast, bit for bit)."""
     for i in range(a.size):
         a[i] = _rounded(a[i])
@@ -136,7 +136,7 @@ def round_fp16(a: Any, out: np.ndarray | None = None) -> np.ndarray:
     elif out.size != src.size or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"round_fp16: out must be a C-contiguous float32 array of {src.size} values")
     if out is src:
-        round_in_place(out.reshape(-1))
+        _round_in_place(out.reshape(-1))
     else:
         _round_into(src.reshape(-1), out.reshape(-1))
     return out
@@ -151,7 +151,7 @@ def round_fp16_owned(a: np.ndarray) -> np.ndarray:
     """Round an array the caller owns (a fresh op result), in place when it can: a writable,
     C-contiguous float32 array is rounded where it lies; anything else gets a new array."""
     if _owned_in_place(a):
-        round_in_place(a.reshape(-1))  # round_fp16(a, out=a) without its checks: once per op result
+        _round_in_place(a.reshape(-1))  # round_fp16(a, out=a) without its checks: once per op result
         return a
     return round_fp16(a)
 
@@ -165,8 +165,8 @@ def _count_nonfinite(a: np.ndarray) -> int:
 
 
 @numba.njit(nogil=True, cache=True)
-def round_counted_in_place(a: np.ndarray) -> int:
-    """`round_in_place`, returning how many results are not finite fp16 (the overflow watch's cue)."""
+def _round_counted_in_place(a: np.ndarray) -> int:
+    """`_round_in_place`, returning how many results are not finite fp16 (the overflow watch's cue)."""
     bad = np.int64(0)
     for i in range(a.size):
         a[i] = _rounded(a[i])
@@ -184,6 +184,6 @@ def round_fp16_owned_counted(a: np.ndarray) -> tuple[np.ndarray, int]:
     fused into the rounding loop it vectorises worse and costs twice as much. A small result
     (a decode step's) is rounded and counted in one loop: there the call is the cost."""
     if _owned_in_place(a) and a.size < SMALL:
-        return a, int(round_counted_in_place(a.reshape(-1)))
+        return a, int(_round_counted_in_place(a.reshape(-1)))
     r = round_fp16_owned(a)
     return r, int(_count_nonfinite(r.reshape(-1)))
