@@ -63,24 +63,17 @@ def _from_half_bits(src: np.ndarray, dst: np.ndarray) -> None:
 
 def to_half(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """`a.astype(np.float16)` for a float32 array, as a new C-contiguous array, or into `out`
-    (a C-contiguous float16 array of a's shape)."""
+    (a C-contiguous float16 array of a's shape). fp16 input is a plain copy (astype's is 6x slower)."""
     a = np.asarray(a)
-    if out is not None:
-        assert out.dtype == np.float16 and out.flags.c_contiguous and out.shape == a.shape, "to_half: bad out"
-        if a.dtype == np.float32 and a.size >= _MIN:
-            _to_half_bits(np.ascontiguousarray(a).reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
-        else:
-            with np.errstate(over="ignore"):
-                np.copyto(out, a, casting="unsafe")
-        return out
-    if a.dtype == np.float16:  # already fp16 (a runner's folded weights): a plain copy, 6x faster than astype's
-        return np.array(a, order="C")
-    if a.dtype != np.float32 or a.size < _MIN:
+    if out is None:
+        out = np.empty(a.shape, np.float16)
+    elif out.dtype != np.float16 or not out.flags.c_contiguous or out.shape != a.shape:
+        raise ValueError(f"to_half: out must be a C-contiguous float16 array of shape {a.shape}")
+    if a.dtype == np.float32 and a.size >= _MIN:
+        _to_half_bits(np.ascontiguousarray(a).reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
+    else:
         with np.errstate(over="ignore"):
-            return a.astype(np.float16)
-    src = np.ascontiguousarray(a)
-    out = np.empty(src.shape, np.float16)
-    _to_half_bits(src.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
+            np.copyto(out, a, casting="unsafe")
     return out
 
 
