@@ -77,6 +77,12 @@ class LayerBlobs:
 
     def __init__(self, files: dict[str, memoryview], layer_digest: str):
         self.files, self.digest = files, layer_digest
+        self._by_memory = {_memory(f): d for d, f in files.items()}
+
+    def digest_of(self, blob) -> str:
+        """The digest of a program's blob: a weight file's is known (the blob is that memory, and
+        the file is read-only), any other blob is hashed."""
+        return self._by_memory.get(_memory(blob)) or digest(blob)
 
     @classmethod
     def of(cls, layer: dict[str, tuple[Any, Any]]) -> "LayerBlobs | None":
@@ -94,6 +100,12 @@ class LayerBlobs:
                     files[d] = file
                 h.update(f"{name}.{part}={a.dtype.str}{list(a.shape)}:{d};".encode())
         return cls(files, h.hexdigest())
+
+
+def _memory(buf) -> tuple[int, int]:
+    """Where a buffer's bytes are: (address, length)."""
+    a = np.frombuffer(buf, np.uint8)
+    return a.__array_interface__["data"][0], a.nbytes
 
 
 def recipe_key(parts: dict[str, Any], layer: LayerBlobs) -> str:
@@ -128,7 +140,7 @@ def _dump(art: Artifact, layer: LayerBlobs, profile) -> bytes | None:
     blobs, inline = {}, []
     at = 0
     for path, blob in art.weights.items():
-        d = digest(blob)
+        d = layer.digest_of(blob)
         if d in layer.files:
             blobs[path] = {"weight": d}
         elif memoryview(blob).nbytes < SMALL_BLOB:
