@@ -8,6 +8,7 @@ Bad input is one line on stderr, `anelm: error: ...`, exit 2 for usage and 1 oth
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -69,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         _shown.clear()
-        return _main(argv)
+        try:
+            return _main(argv)
+        finally:
+            gc.unfreeze()  # what a command froze (`generate.start`) is collectable again once it returns
 
 
 def _main(argv: list[str]) -> int:
