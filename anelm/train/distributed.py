@@ -125,6 +125,11 @@ class Group(Solo):
             raise DistributedError(f"rank {self.rank}: the {self.world} ranks did not meet at "
                                    f"{self.addr}:{self.port} within --dist-timeout {self.timeout_s:g} s "
                                    f"({_reason(e)})") from None
+        # the diagnosis's connection to the store, made now while every rank is healthy: one
+        # made after a failure, on a loaded machine, could miss its short deadline and blame
+        # the store for a peer's death
+        self._probe = self._store(self.timeout_s)
+        self._probe.set_timeout(timedelta(seconds=2 * BEAT_S))  # its reads: a stopped host answers never
         self._beat = threading.Thread(target=self._heartbeat, name="anelm-heartbeat", daemon=True)
         self._beat.start()
 
@@ -243,10 +248,9 @@ class Group(Solo):
         """One line naming the lost rank(s), from the heartbeats (at most ~3 periods)."""
         why, who = _reason(error, self.timeout_s), f"rank {self.rank} of {self.world}"
         try:
-            store = self._store(2 * BEAT_S)
-            before = self._beats(store)
+            before = self._beats(self._probe)
             time.sleep(3 * BEAT_S)
-            after = self._beats(store)
+            after = self._beats(self._probe)
         except Exception:  # noqa: BLE001 - no store: its host is gone
             host = "rank 0" if self.rank != 0 else "the launcher's store"
             return f"lost {host} (its process died; the rendezvous store is gone); {who} stopped ({why})"
