@@ -188,3 +188,65 @@ def test_a_warm_hit_gives_the_notice_its_compile_gave(tiny, monkeypatch):
     Builds(monkeypatch).forbid()
     with pytest.warns(UserWarning, match="SRAM working set exceeds"):
         generate(config, weights, Emulator(NOBUDGET))
+
+
+def _tree(root, files, age_s=10.0):
+    """Source files under root, their modification times `age_s` in the past."""
+    import os
+    import time
+
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        t = time.time() - age_s
+        os.utime(path, (t, t))
+    return str(root)
+
+
+def _read_fingerprint(root):
+    """The fingerprint from the files' bytes alone: what the memo must agree with."""
+    import os
+    import struct
+
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    for folder, subs, files in os.walk(root):
+        subs[:] = sorted(d for d in subs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith((".py", ".lark", ".json"))):
+            path = os.path.join(folder, name)
+            data = open(path, "rb").read()
+            h.update(os.path.relpath(path, root).encode() + b"\0" + struct.pack("<Q", len(data)) + data)
+    return h.hexdigest()
+
+
+def test_the_remembered_source_fingerprint_is_the_files_and_follows_an_edit(tmp_path, monkeypatch):
+    root = _tree(tmp_path / "pkg", {"a.py": "x = 1\n", "sub/b.py": "y = 2\n", "g.lark": "start: x\n",
+                                    "notes.txt": "not a source"})
+    first = program_store.tree_fingerprint(root)
+    assert first == _read_fingerprint(root)
+    memos = list((tmp_path / "cache" / "programs" / "sources").iterdir())
+    assert len(memos) == 1 and memos[0].read_text() == first
+    reads = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: reads.append(p) or real_open(p, *a, **k))
+    assert program_store.tree_fingerprint(root) == first and not [p for p in reads if str(p).endswith(".py")]
+    monkeypatch.undo()
+    monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path / "cache"))
+    _tree(tmp_path / "pkg", {"sub/b.py": "y = 3\n"})  # same size, new bytes and time
+    assert program_store.tree_fingerprint(root) == _read_fingerprint(root) != first
+    _tree(tmp_path / "pkg", {"c.py": ""})  # a new file
+    assert program_store.tree_fingerprint(root) == _read_fingerprint(root)
+
+
+def test_a_damaged_memo_is_not_trusted_and_a_fresh_tree_is_not_remembered(tmp_path):
+    root = _tree(tmp_path / "pkg", {"a.py": "x = 1\n"})
+    want = program_store.tree_fingerprint(root)
+    (memo,) = (tmp_path / "cache" / "programs" / "sources").iterdir()
+    memo.write_text("not a digest")
+    assert program_store.tree_fingerprint(root) == want and memo.read_text() == want  # rewritten
+    fresh = _tree(tmp_path / "new", {"a.py": "x = 2\n"}, age_s=0)  # edited within the clock's resolution
+    memo.unlink()
+    assert program_store.tree_fingerprint(fresh) == _read_fingerprint(fresh)
+    assert not list((tmp_path / "cache" / "programs" / "sources").iterdir())
