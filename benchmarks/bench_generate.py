@@ -28,7 +28,8 @@ With `--processes`, the figures are those a user sees: every round runs `anelm g
 --device emulator` in a new process (its `prefill_ms` and `decode_tokens_per_s`, which include
 whatever compiling happens inside them) and HF's greedy `generate` in another new process (load,
 then one generation; a streamer stamps the first token and the last), the two in turns, and each
-process's peak RSS is read from the kernel when it exits (`wait4`). The GPT-2 shape gets a
+process's peak RSS is read from the kernel when it exits (`wait4`), with its wall time from start
+to exit (imports and loading included: what a user waits for in all). The GPT-2 shape gets a
 tokenizer (GPT-2's vocabulary rebuilt from ../shared/data/tokenizers/gpt2-merges.txt) so that
 `anelm generate` can read the folder; both sides get the same prompt ids.
 
@@ -164,19 +165,22 @@ def gpt2_tokenizer(folder: Path) -> None:
     shutil.copy(merges, folder / "merges.txt")
 
 
-def child(cmd: list[str]) -> tuple[dict, float]:
-    """Run cmd in a new process: (its last stdout line as JSON, its peak RSS in MiB)."""
+def child(cmd: list[str]) -> tuple[dict, float, float]:
+    """Run cmd in a new process: (its last stdout line as JSON, its peak RSS in MiB, its wall
+    time from start to exit in s: imports, loading and everything a user waits for)."""
     import json
     import subprocess
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
         _, status, usage = os.wait4(proc.pid, 0)  # reaped here, so its own rusage can be read
+        wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0), err.seek(0)
         if proc.returncode:
             raise SystemExit(f"{' '.join(cmd[:4])} ... failed:\n{err.read()[-2000:]}")
-        return json.loads(out.read().strip().splitlines()[-1]), usage.ru_maxrss / 1024  # KiB -> MiB
+        return json.loads(out.read().strip().splitlines()[-1]), usage.ru_maxrss / 1024, wall  # KiB -> MiB
 
 
 def hf_child(model: str, ids: str, tokens: int, threads: int) -> int:
@@ -234,17 +238,18 @@ def processes(args) -> int:
                  "--max-tokens", str(args.tokens), "--temperature", "0", "--device", "emulator"]
         hf = [sys.executable, __file__, "--threads", str(args.threads), "--tokens", str(args.tokens),
               "--hf-child", path, json.dumps(ids)]
-        best = {"anelm": [float("inf"), 0.0, 0.0], "hf": [float("inf"), 0.0, 0.0]}
+        best = {"anelm": [float("inf"), 0.0, 0.0, float("inf")], "hf": [float("inf"), 0.0, 0.0, float("inf")]}
         seen: dict[str, list] = {"anelm": [], "hf": []}
         for _ in range(args.repeat):
             for name, cmd in (("hf", hf), ("anelm", anelm)):
-                got, rss = child(cmd)
+                got, rss, wall = child(cmd)
                 b = best[name]
-                best[name] = [min(b[0], got["prefill_ms"]), max(b[1], got["decode_tokens_per_s"]), max(b[2], rss)]
+                best[name] = [min(b[0], got["prefill_ms"]), max(b[1], got["decode_tokens_per_s"]), max(b[2], rss),
+                              min(b[3], wall)]
                 seen[name].append((round(got["prefill_ms"]), round(got["decode_tokens_per_s"], 2)))
                 if name == "anelm":
                     n_prompt, n_out = len(got["prompt_ids"]), len(got["ids"])
-    (a_p, a_r, a_m), (h_p, h_r, h_m) = best["anelm"], best["hf"]
+    (a_p, a_r, a_m, a_w), (h_p, h_r, h_m, h_w) = best["anelm"], best["hf"]
     print(f"{what}; prompt {n_prompt} tokens ({len(ids)} for HF), anelm generated {n_out}, HF {args.tokens}; "
           f"{args.threads} thread(s) each; best of {args.repeat} rounds, each side a new process per round")
     print(f"anelm generate (emulator): prefill {a_p:.0f} ms, decode {a_r:.2f} tokens/s, peak RSS {a_m:.0f} MiB "
@@ -253,6 +258,8 @@ def processes(args) -> int:
           f"peak RSS {h_m:.0f} MiB (rounds: {seen['hf']})")
     print(f"ratio: prefill {h_p / a_p:.2f}x HF's speed, decode {a_r / h_r:.2f}x HF's rate, "
           f"peak RSS {a_m / h_m:.2f}x HF's")
+    print(f"whole process (start to exit: imports, loading, prefill, decode): anelm {a_w:.2f} s, HF {h_w:.2f} s "
+          f"({h_w / a_w:.2f}x HF's speed)")
     return 0
 
 
