@@ -217,3 +217,22 @@ def test_two_processes_filling_the_cache_at_once_leave_whole_entries(tmp_path):
     third = subprocess.run([sys.executable, "-c", FILL, str(n)], env=env, capture_output=True, text=True,
                            timeout=600)
     assert third.returncode == 0 and third.stdout.strip() == "0"  # all loaded, none compiled
+
+
+def test_puts_within_the_bound_list_the_folder_once_and_one_past_it_trims(tmp_path, monkeypatch):
+    import anelm.device.disk_cache as dc
+
+    listed = []
+    real = os.scandir
+    monkeypatch.setattr(dc.os, "scandir", lambda p: listed.append(p) or real(p))
+    store = DiskCache(tmp_path / "store", version=1, limit=5 * (1000 + HEADER.size))
+    keys = [f"{i:064x}" for i in range(7)]
+    for i, k in enumerate(keys[:5]):
+        store.put(k, bytes([i]) * 1000)
+        os.utime(store.path(k), ns=(10**9 * (i + 1), 10**9 * (i + 1)))
+    assert len(listed) == 1  # the first put learns the folder's total; four more fit the bound
+    other = DiskCache(tmp_path / "store", version=1, limit=store.limit)  # another handle, same folder
+    other.put(keys[5], b"\x05" * 1000)  # past the bound: listed again, the oldest entry goes
+    assert len(listed) == 2 and store.get(keys[0]) is None
+    assert [store.get(k) is not None for k in keys[1:6]] == [True] * 5
+    assert sum(p.stat().st_size for p in store.root.glob("*.bin")) <= store.limit
