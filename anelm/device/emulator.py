@@ -40,7 +40,8 @@ from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
 from .emulator_cache import dump_plan, kernel_store, load_plan
 from .emulator_columns import ColumnPlan, column_plan
-from .emulator_plan import Plan, Resolver, build_plan
+from .emulator_builder import Resolver, build_plan
+from .emulator_plan import Plan
 from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
 

@@ -20,7 +20,8 @@ import pickle
 from ..caches import cache_dir
 from ..chip.profile import ChipProfile
 from .disk_cache import DiskCache
-from .emulator_plan import Plan, replay_plan
+from .emulator_builder import replay_plan
+from .emulator_plan import Plan
 
 FORMAT = 1  # the record's layout: a change makes older entries misses, rebuilt and rewritten
 _ALLOWED = {
