@@ -43,6 +43,8 @@ class _Builder:
             self.plan.in_round[name] = make_rounder(t.dtype, profile)
         self.resident: dict[str, ResidentWeight] = {}  # conv weights held fp16 for the decode path
         self.halves: dict[str, np.ndarray] = {}  # fp16 blob consts as blob views, not decoded yet
+        self.rounders: dict[str, Callable] = {}  # by result dtype: one rounder for every step of the plan
+        self.checkers: dict[str, Callable] = {}
 
     def build(self, func: Function) -> Plan:
         for st in func.body:
@@ -55,7 +57,12 @@ class _Builder:
     def replay(self, record: list[tuple]) -> Plan:
         """The plan `build` made, from its record: no parse, name resolution or type checks."""
         for entry in record:
-            self.store(*entry) if len(entry) == 2 else self.place(*entry)
+            if len(entry) == 2:
+                self.store(*entry)
+            elif entry[5]:
+                self.place_plain(*entry[:5])
+            else:
+                self.place(*entry[:5])
         return self.finish()
 
     def finish(self) -> Plan:
@@ -169,31 +176,53 @@ class _Builder:
             raise ShapeError(f"node '{node}': {e}") from None
         self.check_types(st, node, tensors, params)
         entry = (node, st.op, tensors, params, [(n, t) for t, n in st.results])
-        self.plan.record.append(entry)
-        self.place(*entry)
+        self.plan.record.append(entry + (self.place(*entry),))
 
-    def place(self, node: str, op: str, tensors: list, params: dict, results: list[tuple[str, TensorType]]) -> None:
-        """A resolved, checked statement into the plan: a step, or a fold of consts."""
+    def place(self, node: str, op: str, tensors: list, params: dict, results: list[tuple[str, TensorType]]) -> bool:
+        """A resolved, checked statement into the plan: a step, or a fold of consts. True when
+        it is a plain step (the op table's compute, nothing folded, rewritten or remembered for
+        int8), which a replay places with `place_plain`."""
         pr = self.profile
         self.decoded(key for name, key in tensors if (op, name) != ("conv", "weight"))  # for resident_conv
         compute = accumulated(op, raw_compute(OP_TABLE[op]), results[0][1].dtype, pr)
+        remembered = len(self.int8.weights) + len(self.int8.quantized)
         note(self.int8, op, dict(tensors), self.plan.consts, params, results[0][0])
+        plain = remembered == len(self.int8.weights) + len(self.int8.quantized)
         int8 = rewrite(self.int8, op, tensors, params, pr.quantize_rounding, pr.accumulator_limit, pr.accumulator)
         if int8 is not None:  # int8 weights stay int8; the sums are formed as the chip forms them
-            compute, tensors = int8
+            compute, tensors, plain = *int8, False
         elif (held := resident_conv(op, tensors, params, self.plan.consts, results[0][1].dtype, pr, self.resident,
                                     self.halves)) is not None:  # fp16 weights for one-column evaluations
-            compute, tensors = held
+            compute, tensors, plain = *held, False
         self.decoded(key for _, key in tensors)
-        rounders = [self.rounder(op, tensors, t.dtype) for _, t in results]
-        step = Step(node, op, compute, tensors, params, [(n, r) for (n, _), r in zip(results, rounders)],
-                    checked=[finite_unchanged if r is unchanged else make_checked_rounder(t.dtype, pr)
-                             for (_, t), r in zip(results, rounders)])
-        self.plan.types.update(results)
+        step = self.step(node, op, compute, tensors, params, results)
         if self.foldable(tensors):
             self.fold(step)
-        else:
-            self.plan.steps.append(step)
+            return False
+        self.plan.steps.append(step)
+        return plain
+
+    def place_plain(self, node: str, op: str, tensors: list, params: dict, results: list[tuple[str, TensorType]]) -> None:
+        """`place` of a step it found plain: the same step, without looking for folds or int8 again."""
+        if self.halves:
+            self.decoded(key for _, key in tensors)
+        compute = accumulated(op, raw_compute(OP_TABLE[op]), results[0][1].dtype, self.profile)
+        self.plan.steps.append(self.step(node, op, compute, tensors, params, results))
+
+    def step(self, node: str, op: str, compute: Callable, tensors: list, params: dict,
+             results: list[tuple[str, TensorType]]) -> Step:
+        """The step of a placed statement, its results' types noted."""
+        rounders = [self.rounder(op, tensors, t.dtype) for _, t in results]
+        checked = [finite_unchanged if r is unchanged else self.checker(t.dtype) for (_, t), r in zip(results, rounders)]
+        self.plan.types.update(results)
+        return Step(node, op, compute, tensors, params, [(n, r) for (n, _), r in zip(results, rounders)],
+                    checked=checked)
+
+    def checker(self, dtype: str) -> Callable[[Any], tuple[Any, bool]]:
+        """make_checked_rounder for a result dtype, made once per plan."""
+        if dtype not in self.checkers:
+            self.checkers[dtype] = make_checked_rounder(dtype, self.profile)
+        return self.checkers[dtype]
 
     def rounder(self, op: str, tensors, dtype: str) -> Callable[[Any], Any]:
         """Movement ops only rearrange values that are already rounded: rounding again is a no-op."""
@@ -201,7 +230,9 @@ class _Builder:
         src = self.plan.types.get(first[0] if isinstance(first, list) else first) if first else None
         if op in MOVEMENT_OPS and src is not None and src.dtype == dtype and dtype in FLOAT_DTYPES:
             return unchanged
-        return make_rounder(dtype, self.profile, owned=True)
+        if dtype not in self.rounders:
+            self.rounders[dtype] = make_rounder(dtype, self.profile, owned=True)
+        return self.rounders[dtype]
 
     def check_types(self, st: Statement, node: str, tensors, params) -> None:
         types = {k: [self.plan.types[i] for i in key] if isinstance(key, list) else self.plan.types[key]

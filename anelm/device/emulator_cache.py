@@ -14,6 +14,7 @@ unpickler that builds no class at all, so a file planted in the cache folder can
 
 from __future__ import annotations
 
+import gc
 import io
 import pickle
 
@@ -48,7 +49,7 @@ def dump_plan(plan: Plan) -> bytes:
     for entry in plan.record:
         if len(entry) != 2:
             read.update(k for _, key in entry[2] for k in (key if isinstance(key, list) else [key]))
-    record = [_const(*e) if len(e) == 2 else (*e[:4], [(n, t.dtype, t.shape) for n, t in e[4]])
+    record = [_const(*e) if len(e) == 2 else (*e[:4], [(n, t.dtype, t.shape) for n, t in e[4]], e[5])
               for e in plan.record if len(e) != 2 or e[0] in read]
     inputs = [(n, t.dtype, t.shape) for t, n in plan.inputs]
     return pickle.dumps((inputs, list(plan.outputs), record), protocol=pickle.HIGHEST_PROTOCOL)
@@ -63,18 +64,23 @@ def _const(key: str, arg: Literal | BlobRef) -> tuple:
     return ("literal", key, t.dtype, t.shape, value)
 
 
-def _record(stored: list[tuple]) -> list[tuple]:
-    """`Plan.record` again from an entry's builtins."""
+def _record(stored: list[tuple], types: dict[tuple, TensorType]) -> list[tuple]:
+    """`Plan.record` again from an entry's builtins; `types` holds each distinct type made once."""
+    def typed(dtype, shape):
+        t = types.get((dtype, shape))
+        if t is None:
+            t = types[dtype, shape] = TensorType(dtype, shape)
+        return t
     out = []
     for e in stored:
         if e[0] == "blob":
-            out.append((e[1], BlobRef(TensorType(e[2], e[3]), e[4], e[5])))
+            out.append((e[1], BlobRef(typed(e[2], e[3]), e[4], e[5])))
         elif e[0] == "literal":
             v = e[4]
             value = v if isinstance(v, str) else np.frombuffer(v[2], np.dtype(v[0])).reshape(v[1]).copy()
-            out.append((e[1], Literal(TensorType(e[2], e[3]), value)))
+            out.append((e[1], Literal(typed(e[2], e[3]), value)))
         else:
-            out.append((*e[:4], [(n, TensorType(d, s)) for n, d, s in e[4]]))
+            out.append((*e[:4], [(n, typed(d, s)) for n, d, s in e[4]], e[5]))
     return out
 
 
@@ -82,8 +88,14 @@ def load_plan(payload: bytes | None, weights: dict[str, bytes], profile: ChipPro
     """The plan of a stored entry, with these weights; None when there is none to use."""
     if payload is None:
         return None
+    collecting = gc.isenabled()
+    gc.disable()  # a replay makes thousands of objects that all live on in the plan: no garbage to look for
     try:
         inputs, outputs, stored = _Unpickler(io.BytesIO(payload)).load()
-        return replay_plan([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored), weights, profile)
+        return replay_plan([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), weights,
+                           profile)
     except Exception:  # noqa: BLE001 - an entry that does not replay is a miss: rebuilt and rewritten
         return None
+    finally:
+        if collecting:
+            gc.enable()
