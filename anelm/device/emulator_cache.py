@@ -42,9 +42,10 @@ def kernel_store() -> DiskCache:
     return DiskCache(cache_dir("kernels", "emulator"), FORMAT)
 
 
-def dump_plan(plan: Plan) -> bytes:
-    """The entry of a built plan: its inputs, outputs and record, as builtins. A const that no
-    op reads as an operand (a param's value, already in the op's params) is left out."""
+def dump_plan(plan: Plan, axes: dict[str, int] | None) -> bytes:
+    """The entry of a built plan: its inputs, outputs and record, as builtins, and its column
+    axes (`emulator_columns.column_axes`). A const that no op reads as an operand (a param's
+    value, already in the op's params) is left out."""
     read = set(plan.outputs)
     for entry in plan.record:
         if len(entry) != 2:
@@ -52,7 +53,7 @@ def dump_plan(plan: Plan) -> bytes:
     record = [_const(*e) if len(e) == 2 else (*e[:4], [(n, t.dtype, t.shape) for n, t in e[4]], e[5])
               for e in plan.record if len(e) != 2 or e[0] in read]
     inputs = [(n, t.dtype, t.shape) for t, n in plan.inputs]
-    return pickle.dumps((inputs, list(plan.outputs), record), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps((inputs, list(plan.outputs), record, axes), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _const(key: str, arg: Literal | BlobRef) -> tuple:
@@ -84,16 +85,17 @@ def _record(stored: list[tuple], types: dict[tuple, TensorType]) -> list[tuple]:
     return out
 
 
-def load_plan(payload: bytes | None, weights: dict[str, bytes], profile: ChipProfile) -> Plan | None:
-    """The plan of a stored entry, with these weights; None when there is none to use."""
+def load_plan(payload: bytes | None, weights: dict[str, bytes],
+              profile: ChipProfile) -> tuple[Plan, dict[str, int] | None] | None:
+    """The plan of a stored entry, with these weights, and its column axes; None when there is none to use."""
     if payload is None:
         return None
     collecting = gc.isenabled()
     gc.disable()  # a replay makes thousands of objects that all live on in the plan: no garbage to look for
     try:
-        inputs, outputs, stored = _Unpickler(io.BytesIO(payload)).load()
+        inputs, outputs, stored, axes = _Unpickler(io.BytesIO(payload)).load()
         return replay_plan([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), weights,
-                           profile)
+                           profile), axes
     except Exception:  # noqa: BLE001 - an entry that does not replay is a miss: rebuilt and rewritten
         return None
     finally:

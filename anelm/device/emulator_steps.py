@@ -39,7 +39,7 @@ def _bound_compute(st: Step, plan: Plan) -> Callable[..., Any] | None:
     names = [k for k, _ in st.tensors]
     if op is None or len(st.outs) != 1 or any(not isinstance(key, str) for _, key in st.tensors):
         return None  # a tuple operand (concat's), or several results
-    shapes = tuple(tuple(int(d) for d in (plan.types[key].shape or ())) for _, key in st.tensors)
+    shapes = tuple(tuple(map(int, plan.types[key].shape or ())) for _, key in st.tensors)
     fn, limit = st.fn, None
     if isinstance(fn, Saturated):
         fn, limit = fn.compute, fn.limit
