@@ -54,8 +54,9 @@ class _Builder:
                 raise reject("returned_name", name, self.profile)
         return self.finish()
 
-    def replay(self, record: list[tuple]) -> Plan:
-        """The plan `build` made, from its record: no parse, name resolution or type checks."""
+    def replay(self, record: list[tuple], finished: tuple[list, list] | None = None) -> Plan:
+        """The plan `build` made, from its record: no parse, name resolution or type checks.
+        `finished`: what `finish` found for it (`finished_parts`), so it is not found again."""
         for entry in record:
             if len(entry) == 2:
                 self.store(*entry)
@@ -63,12 +64,19 @@ class _Builder:
                 self.place_plain(*entry[:5])
             else:
                 self.place(*entry[:5])
-        return self.finish()
+        return self.finish(finished)
 
-    def finish(self) -> Plan:
+    def finish(self, finished: tuple[list, list] | None = None) -> Plan:
         p = self.plan
         self.decoded(p.outputs)
-        drop_bypassed(p, self.int8)
+        if self.int8.rewired:
+            drop_bypassed(p, self.int8)
+        if finished is not None and len(finished[1]) == len(p.steps):
+            kept, frees = set(finished[0]), finished[1]
+            p.consts = {k: v for k, v in p.consts.items() if k in kept}
+            for step, free in zip(p.steps, frees):
+                step.free = list(free)
+            return p
         # keep only the consts a step or the return reads: folded-away operands free their memory
         used = set(p.outputs)
         for step in p.steps:
@@ -275,6 +283,11 @@ def _plan_frees(p: Plan) -> None:
             p.steps[i].free.append(name)
 
 
+def finished_parts(p: Plan) -> tuple[list[str], list[list[str]]]:
+    """What `finish` found for a plan: the consts it kept, and each step's frees."""
+    return list(p.consts), [list(st.free) for st in p.steps]
+
+
 def build_plan(func: Function, resolver: Resolver | dict[str, bytes], profile: ChipProfile) -> Plan:
     """Resolve `func` once; `resolver` maps a MIL blob path to the whole BLOBFILE bytes."""
     if isinstance(resolver, dict):
@@ -284,8 +297,10 @@ def build_plan(func: Function, resolver: Resolver | dict[str, bytes], profile: C
 
 
 def replay_plan(inputs: list[tuple[TensorType, str]], outputs: list[str], record: list[tuple],
-                resolver: Resolver | dict[str, bytes], profile: ChipProfile) -> Plan:
-    """`build_plan`'s plan again from its `Plan.record`, with the blobs `resolver` gives."""
+                resolver: Resolver | dict[str, bytes], profile: ChipProfile,
+                finished: tuple[list, list] | None = None) -> Plan:
+    """`build_plan`'s plan again from its `Plan.record`, with the blobs `resolver` gives, and
+    `finished_parts` of it when they were kept."""
     if isinstance(resolver, dict):
         resolver = resolver.__getitem__
-    return _Builder(inputs, outputs, resolver, profile).replay(record)
+    return _Builder(inputs, outputs, resolver, profile).replay(record, finished)

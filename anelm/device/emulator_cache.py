@@ -24,7 +24,7 @@ from ..caches import cache_dir
 from ..chip.profile import ChipProfile
 from ..mil.program import BlobRef, Literal, TensorType
 from .disk_cache import DiskCache
-from .emulator_builder import replay_plan
+from .emulator_builder import finished_parts, replay_plan
 from .emulator_plan import Plan
 
 # the entry's layout: a change makes older entries misses, rebuilt and rewritten. 2: builtins only
@@ -43,8 +43,8 @@ def kernel_store() -> DiskCache:
 
 
 def dump_plan(plan: Plan, axes: dict[str, int] | None) -> bytes:
-    """The entry of a built plan: its inputs, outputs and record, as builtins, and its column
-    axes (`emulator_columns.column_axes`). A const that no op reads as an operand (a param's
+    """The entry of a built plan: its inputs, outputs and record, as builtins, its column axes
+    (`emulator_columns.column_axes`) and what its build's `finish` found. A const that no op reads as an operand (a param's
     value, already in the op's params) is left out."""
     read = set(plan.outputs)
     for entry in plan.record:
@@ -53,7 +53,8 @@ def dump_plan(plan: Plan, axes: dict[str, int] | None) -> bytes:
     record = [_const(*e) if len(e) == 2 else (*e[:4], [(n, t.dtype, t.shape) for n, t in e[4]], e[5])
               for e in plan.record if len(e) != 2 or e[0] in read]
     inputs = [(n, t.dtype, t.shape) for t, n in plan.inputs]
-    return pickle.dumps((inputs, list(plan.outputs), record, axes), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps((inputs, list(plan.outputs), record, axes, finished_parts(plan)),
+                        protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _const(key: str, arg: Literal | BlobRef) -> tuple:
@@ -93,9 +94,9 @@ def load_plan(payload: bytes | None, weights: dict[str, bytes],
     collecting = gc.isenabled()
     gc.disable()  # a replay makes thousands of objects that all live on in the plan: no garbage to look for
     try:
-        inputs, outputs, stored, axes = _Unpickler(io.BytesIO(payload)).load()
+        inputs, outputs, stored, axes, finished = _Unpickler(io.BytesIO(payload)).load()
         return replay_plan([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), weights,
-                           profile), axes
+                           profile, finished), axes
     except Exception:  # noqa: BLE001 - an entry that does not replay is a miss: rebuilt and rewritten
         return None
     finally:

@@ -127,7 +127,7 @@ def test_a_replayed_plan_runs_bit_for_bit_the_built_one(name, weights, monkeypat
 def test_the_entry_keeps_the_column_axes_the_plan_has(monkeypatch):
     cold, warm = cold_and_warm(_decode("gpt2", 1.0), monkeypatch)
     payload = kernel_store().get(cold.key)
-    stored = _Unpickler(io.BytesIO(payload)).load()[-1]
+    stored = _Unpickler(io.BytesIO(payload)).load()[3]  # (inputs, outputs, record, axes, finished)
     assert stored == column_axes(cold.plan) == column_axes(warm.plan) and stored
     assert warm.columns.carried_inputs == cold.columns.carried_inputs
 
