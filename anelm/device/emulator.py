@@ -20,6 +20,7 @@ columns the caller reads.
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 import weakref
@@ -99,6 +100,15 @@ class Emulator(Device):
         """A cold compile (charged), or the plan of the on-disk kernel cache (loaded, not charged:
         CONTRACTS §2.7). A profile whose reloads read rewritten blobs plans from the folder at
         every load, so it keeps no cache."""
+        collecting = gc.isenabled()
+        gc.disable()  # a plan is thousands of objects that all live on: the collector would find no garbage
+        try:
+            return self._compile(mil_text, weights, key)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _compile(self, mil_text: str, weights: dict[str, bytes], key: str | None) -> EmulatedModel:
         # a snapshot, as the API copies; bytes and read-only views (a runner's blob-backed
         # weights, `mil.blob.blob_backed`) cannot change under the plan, so they are not copied
         weights = {k: frozen(v) for k, v in (weights or {}).items()}

@@ -14,7 +14,6 @@ unpickler that builds no class at all, so a file planted in the cache folder can
 
 from __future__ import annotations
 
-import gc
 import io
 import pickle
 
@@ -91,14 +90,9 @@ def load_plan(payload: bytes | None, weights: dict[str, bytes],
     """The plan of a stored entry, with these weights, and its column axes; None when there is none to use."""
     if payload is None:
         return None
-    collecting = gc.isenabled()
-    gc.disable()  # a replay makes thousands of objects that all live on in the plan: no garbage to look for
     try:
         inputs, outputs, stored, axes, finished = _Unpickler(io.BytesIO(payload)).load()
         return replay_plan([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), weights,
                            profile, finished), axes
     except Exception:  # noqa: BLE001 - an entry that does not replay is a miss: rebuilt and rewritten
         return None
-    finally:
-        if collecting:
-            gc.enable()
