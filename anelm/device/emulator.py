@@ -20,6 +20,7 @@ columns the caller reads.
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 import weakref
@@ -39,8 +40,9 @@ from ..mil.program import Function, TensorType, storage_dtype
 from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
 from .emulator_cache import dump_plan, kernel_store, load_plan
-from .emulator_columns import ColumnPlan, column_plan
-from .emulator_plan import Plan, Resolver, build_plan
+from .emulator_columns import ColumnPlan, column_axes, column_plan
+from .emulator_builder import Resolver, build_plan
+from .emulator_plan import Plan
 from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
 
@@ -98,6 +100,15 @@ class Emulator(Device):
         """A cold compile (charged), or the plan of the on-disk kernel cache (loaded, not charged:
         CONTRACTS §2.7). A profile whose reloads read rewritten blobs plans from the folder at
         every load, so it keeps no cache."""
+        collecting = gc.isenabled()
+        gc.disable()  # a plan is thousands of objects that all live on: the collector would find no garbage
+        try:
+            return self._compile(mil_text, weights, key)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _compile(self, mil_text: str, weights: dict[str, bytes], key: str | None) -> EmulatedModel:
         # a snapshot, as the API copies; bytes and read-only views (a runner's blob-backed
         # weights, `mil.blob.blob_backed`) cannot change under the plan, so they are not copied
         weights = {k: frozen(v) for k, v in (weights or {}).items()}
@@ -106,22 +117,25 @@ class Emulator(Device):
         key = key or content_key(mil_text, weights, self.profile)
         store = None if self.profile.reload_reads_new_weights else kernel_store()
         # weights are read now; later rewrites of the folder change nothing unless the profile says
-        plan = load_plan(store.get(key), weights, self.profile) if store is not None else None
+        loaded = load_plan(store.get(key), weights, self.profile) if store is not None else None
         func = None
-        if plan is None:
+        if loaded is not None:
+            plan, axes = loaded
+        else:
             charge_compile(self.profile.compile_budget)
             from ..mil.parser import parse  # noqa: PLC0415 - a cache hit never needs the parser
 
             func = parse(mil_text).main
             check_function(func, self.profile, weights)
             plan = build_plan(func, weights, self.profile)
+            axes = column_axes(plan)
             if store is not None:
-                store.put(key, dump_plan(plan))
+                store.put(key, dump_plan(plan, axes))
         ins = bind_order([n for _, n in plan.inputs], self.profile, "inputs")
         outs = bind_order(list(plan.outputs), self.profile, "outputs")
         model = EmulatedModel(key, self._root / key[:40], func, plan, sorted(weights), _source=(mil_text, weights),
                               inputs=[(n, plan.types[n]) for n in ins], outputs=[(n, plan.types[n]) for n in outs],
-                              columns=column_plan(plan))
+                              columns=column_plan(plan, axes))
         if self.profile.reload_reads_new_weights:
             model.folder  # noqa: B018 - every load plans from the folder: write it now, as compiled
         return model
@@ -129,7 +143,7 @@ class Emulator(Device):
     def load(self, model: EmulatedModel) -> None:
         if self.profile.reload_reads_new_weights and model.weight_paths:
             model.plan = build_plan(model.func, _folder_resolver(model.folder), self.profile)
-            model.columns = column_plan(model.plan)
+            model.columns = column_plan(model.plan, column_axes(model.plan))
         model.loaded = True
 
     def unload(self, model: EmulatedModel) -> None:

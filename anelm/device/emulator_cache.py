@@ -8,8 +8,8 @@ every resolved, checked statement, in order), pickled, a few tens of kilobytes. 
 weights: a hit replays the record against the blobs the caller passes, which skips parsing,
 the compile-time checks, name resolution and type inference, and charges no compile.
 
-The payload is read with an unpickler that builds only the MIL value classes and numpy
-arrays, so a file planted in the cache folder cannot run code.
+The payload is builtins only (tuples, lists, strings, numbers, bytes) and is read with an
+unpickler that builds no class at all, so a file planted in the cache folder cannot run code.
 """
 
 from __future__ import annotations
@@ -17,30 +17,23 @@ from __future__ import annotations
 import io
 import pickle
 
+import numpy as np
+
 from ..caches import cache_dir
 from ..chip.profile import ChipProfile
+from ..mil.program import BlobRef, Literal, TensorType
 from .disk_cache import DiskCache
-from .emulator_plan import Plan, replay_plan
+from .emulator_builder import finished_parts, replay_plan
+from .emulator_plan import Plan
 
-FORMAT = 1  # the record's layout: a change makes older entries misses, rebuilt and rewritten
-_ALLOWED = {
-    ("anelm.mil.program", "TensorType"), ("anelm.mil.program", "Literal"), ("anelm.mil.program", "BlobRef"),
-    ("numpy", "ndarray"), ("numpy", "dtype"),
-    ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"),
-    ("numpy.dtypes", "Float16DType"), ("numpy.dtypes", "Float32DType"), ("numpy.dtypes", "Int32DType"),
-    ("numpy.dtypes", "BoolDType"), ("numpy.dtypes", "Int8DType"), ("numpy.dtypes", "UInt8DType"),
-    ("numpy.dtypes", "Int16DType"), ("numpy.dtypes", "UInt16DType"), ("numpy.dtypes", "UInt32DType"),
-    ("numpy.dtypes", "Int64DType"), ("numpy.dtypes", "UInt64DType"), ("numpy.dtypes", "ObjectDType"),
-}
+# the entry's layout: a change makes older entries misses, rebuilt and rewritten. 2: builtins only
+# (types as (dtype, shape), arrays as (dtype, shape, bytes)), and no const that only a param read
+FORMAT = 2
 
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        if (module, name) not in _ALLOWED:
-            raise pickle.UnpicklingError(f"{module}.{name} is not part of a kernel-cache entry")
-        return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}: a kernel-cache entry holds Python builtins only")
 
 
 def kernel_store() -> DiskCache:
@@ -48,16 +41,58 @@ def kernel_store() -> DiskCache:
     return DiskCache(cache_dir("kernels", "emulator"), FORMAT)
 
 
-def dump_plan(plan: Plan) -> bytes:
-    return pickle.dumps((plan.inputs, plan.outputs, plan.record), protocol=pickle.HIGHEST_PROTOCOL)
+def dump_plan(plan: Plan, axes: dict[str, int] | None) -> bytes:
+    """The entry of a built plan: its inputs, outputs and record, as builtins, its column axes
+    (`emulator_columns.column_axes`) and what its build's `finish` found. A const that no op reads as an operand (a param's
+    value, already in the op's params) is left out."""
+    read = set(plan.outputs)
+    for entry in plan.record:
+        if len(entry) != 2:
+            read.update(k for _, key in entry[2] for k in (key if isinstance(key, list) else [key]))
+    record = [_const(*e) if len(e) == 2 else (*e[:4], [(n, t.dtype, t.shape) for n, t in e[4]], e[5])
+              for e in plan.record if len(e) != 2 or e[0] in read]
+    inputs = [(n, t.dtype, t.shape) for t, n in plan.inputs]
+    return pickle.dumps((inputs, list(plan.outputs), record, axes, finished_parts(plan)),
+                        protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def load_plan(payload: bytes | None, weights: dict[str, bytes], profile: ChipProfile) -> Plan | None:
-    """The plan of a stored entry, with these weights; None when there is none to use."""
+def _const(key: str, arg: Literal | BlobRef) -> tuple:
+    t = arg.type
+    if isinstance(arg, BlobRef):
+        return ("blob", key, t.dtype, t.shape, arg.path, arg.offset)
+    v = arg.value
+    value = v if isinstance(v, str) else (np.asarray(v).dtype.str, np.shape(v), np.asarray(v).tobytes())
+    return ("literal", key, t.dtype, t.shape, value)
+
+
+def _record(stored: list[tuple], types: dict[tuple, TensorType]) -> list[tuple]:
+    """`Plan.record` again from an entry's builtins; `types` holds each distinct type made once."""
+    def typed(dtype, shape):
+        t = types.get((dtype, shape))
+        if t is None:
+            t = types[dtype, shape] = TensorType(dtype, shape)
+        return t
+    out = []
+    for e in stored:
+        if e[0] == "blob":
+            out.append((e[1], BlobRef(typed(e[2], e[3]), e[4], e[5])))
+        elif e[0] == "literal":
+            v = e[4]
+            value = v if isinstance(v, str) else np.frombuffer(v[2], np.dtype(v[0])).reshape(v[1]).copy()
+            out.append((e[1], Literal(typed(e[2], e[3]), value)))
+        else:
+            out.append((*e[:4], [(n, typed(d, s)) for n, d, s in e[4]], e[5]))
+    return out
+
+
+def load_plan(payload: bytes | None, weights: dict[str, bytes],
+              profile: ChipProfile) -> tuple[Plan, dict[str, int] | None] | None:
+    """The plan of a stored entry, with these weights, and its column axes; None when there is none to use."""
     if payload is None:
         return None
     try:
-        inputs, outputs, record = _Unpickler(io.BytesIO(payload)).load()
-        return replay_plan(inputs, outputs, record, weights, profile)
+        inputs, outputs, stored, axes, finished = _Unpickler(io.BytesIO(payload)).load()
+        return replay_plan([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), weights,
+                           profile, finished), axes
     except Exception:  # noqa: BLE001 - an entry that does not replay is a miss: rebuilt and rewritten
         return None

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..mil.program import TensorType
 from .emulator_plan import Plan, Step
 from .emulator_steps import BoundPlan
 
@@ -207,7 +208,7 @@ def narrow_plan(plan: Plan, axes: dict[str, int]) -> Plan:
     types = dict(plan.types)
     for name, axis in axes.items():
         t = types[name]
-        types[name] = replace(t, shape=_narrowed(t.shape, axis))
+        types[name] = TensorType(t.dtype, _narrowed(t.shape, axis))
     steps = []
     for st in plan.steps:
         out = st.outs[0][0]
@@ -260,9 +261,9 @@ class ColumnPlan:
         return results
 
 
-def column_plan(plan: Plan) -> ColumnPlan | None:
-    """The column-by-column evaluation of `plan`, or None when it must run in full."""
-    axes = column_axes(plan)
+def column_plan(plan: Plan, axes: dict[str, int] | None) -> ColumnPlan | None:
+    """The column-by-column evaluation of `plan`, or None when it must run in full. `axes` is
+    `column_axes(plan)`, found again or kept with the plan's kernel-cache entry."""
     if axes is None:
         return None
     width = _shape(plan, plan.outputs[0])[-1]

@@ -36,10 +36,15 @@ from .overflow import FirstOverflow
 def _bound_compute(st: Step, plan: Plan) -> Callable[..., Any] | None:
     """The step's compute as `fn(*operands) -> result`, bound to its params and shapes, or None."""
     op = OP_TABLE.get(st.op)
-    names = [k for k, _ in st.tensors]
-    if op is None or len(st.outs) != 1 or any(not isinstance(key, str) for _, key in st.tensors):
-        return None  # a tuple operand (concat's), or several results
-    shapes = tuple(tuple(int(d) for d in (plan.types[key].shape or ())) for _, key in st.tensors)
+    if op is None or len(st.outs) != 1:
+        return None  # several results
+    names, shapes, types = [], [], plan.types
+    for name, key in st.tensors:
+        if not isinstance(key, str):
+            return None  # a tuple operand (concat's)
+        names.append(name)
+        shapes.append(tuple(map(int, types[key].shape or ())))
+    shapes = tuple(shapes)
     fn, limit = st.fn, None
     if isinstance(fn, Saturated):
         fn, limit = fn.compute, fn.limit
@@ -87,7 +92,7 @@ class BoundPlan:
     def __init__(self, plan: Plan):
         self.plan = plan
         names = list(plan.consts) + [n for _, n in plan.inputs]
-        names += [n for st in plan.steps for n, _ in st.outs if n not in names]
+        names += [n for st in plan.steps for n, _ in st.outs]  # a name met again keeps its first slot
         slot = {n: i for i, n in enumerate(dict.fromkeys(names))}
         self.template: list[Any] = [None] * len(slot)
         for name, value in plan.consts.items():

@@ -18,7 +18,7 @@ import pytest
 from anelm.chip.profile import STRICT
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
-from anelm.device.emulator_columns import COLUMN_BLOCK, column_plan
+from anelm.device.emulator_columns import COLUMN_BLOCK, column_axes, column_plan
 from anelm.ir.builder import GraphBuilder
 from anelm.kernels.decode import decode_layer
 from anelm.kernels.families import family_for
@@ -155,7 +155,8 @@ def test_separable_hand_written_program_and_the_width_limit():
         return b.build()
     assert _compiled(prog(W))[2].columns is not None
     # wider programs (prefill, training) are read whole: one product over all their columns
-    assert column_plan(_compiled(prog(2 * COLUMN_BLOCK))[2].plan) is None
+    plan = _compiled(prog(2 * COLUMN_BLOCK))[2].plan
+    assert column_plan(plan, column_axes(plan)) is None
 
 
 def test_kernel_read_columns_through_the_device():

@@ -18,7 +18,7 @@ import pytest
 from anelm.chip.profile import STRICT
 from anelm.compiler.artifact import content_key
 from anelm.compiler.pipeline import compile_graph
-from anelm.device import base, emulator_plan
+from anelm.device import base, emulator_builder
 from anelm.device.disk_cache import HEADER, DiskCache
 from anelm.device.emulator import Emulator
 from anelm.device.emulator_cache import FORMAT, kernel_store
@@ -74,7 +74,7 @@ def forbid_parse_and_plan(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a cache hit parsed or planned")
     monkeypatch.setattr(mil_parser, "parse", refuse)
-    monkeypatch.setattr(emulator_plan._Builder, "build", refuse)
+    monkeypatch.setattr(emulator_builder._Builder, "build", refuse)
 
 
 @pytest.mark.parametrize("make", [layer_artifact, lambda: int8_artifact(None), lambda: int8_artifact(0.05)],
