@@ -18,6 +18,7 @@ Floats print as the shortest decimal that reads back to the same fp16/fp32 value
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -26,13 +27,14 @@ from .program import BlobRef, Function, Literal, Program, Statement, TensorType,
 
 _INDENT = "    "
 _EXACT_INT = 2**24  # integers below this print exactly in both fp16 and fp32
-_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"})
 
 
 def quote(s: str) -> str:
-    return '"' + "".join(_ESCAPES.get(ch, ch) for ch in s) + '"'
+    return '"' + s.translate(_ESCAPES) + '"'
 
 
+@lru_cache(maxsize=4096)  # a program has few distinct types, each printed many times
 def format_type(t: TensorType) -> str:
     if t.shape is None:
         return t.dtype
@@ -65,6 +67,8 @@ def _format_element(dtype: str, x) -> str:
 
 def format_literal(lit: Literal) -> str:
     t = lit.type
+    if t.shape is None and isinstance(lit.value, str) and t.dtype == "string":  # every op's name
+        return f"string({quote(lit.value)})"
     if t.dtype == "string":
         values = [lit.value] if isinstance(lit.value, str) else list(np.asarray(lit.value, dtype=object).reshape(-1))
     else:
