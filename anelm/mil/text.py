@@ -18,7 +18,6 @@ Floats print as the shortest decimal that reads back to the same fp16/fp32 value
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import numpy as np
 
@@ -34,7 +33,6 @@ def quote(s: str) -> str:
     return '"' + s.translate(_ESCAPES) + '"'
 
 
-@lru_cache(maxsize=4096)  # a program has few distinct types, each printed many times
 def format_type(t: TensorType) -> str:
     if t.shape is None:
         return t.dtype
