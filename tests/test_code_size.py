@@ -13,9 +13,9 @@ MAX_MODULE_LINES = 400
 # then the fp16-resident decode (18), LoRA dropout (14), Orion's and maderix's first programs (16),
 # the cold compile's one-pass fp16 fold and one-match statements, the program store that lets a
 # warm generation skip building its programs, decode's bound one-column steps (18), the fold
-# into blob payloads, the CPU's own fp16 conversion, the parser's one-match statement and the
-# ordered graph's skipped sort (80)
-MAX_PACKAGE_LINES = 23780
+# into blob payloads, the CPU's own fp16 conversions both ways, the parser's one-match statement
+# and the ordered graph's skipped sort (95)
+MAX_PACKAGE_LINES = 23795
 
 
 def line_counts() -> dict[str, int]:

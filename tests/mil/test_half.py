@@ -59,6 +59,23 @@ def test_both_float32_to_fp16_kernels_match_numpy(kind):
         assert got.tobytes() == x.astype(np.float16).view(np.uint16).tobytes()
 
 
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_both_fp16_to_float32_kernels_match_numpy_on_every_pattern(kind):
+    if kind == "hard" and not half._cpu_converts_half():
+        pytest.skip("this CPU has no fp16 -> float32 instruction (F16C)")
+    one = half._soft_float_bits if kind == "soft" else half._hard_float_bits
+
+    @numba.njit
+    def convert(src, dst):
+        for i in range(src.size):
+            dst[i] = one(src[i])
+
+    h = every_half()
+    got = np.empty(h.size, np.uint32)
+    convert(h.view(np.uint16), got)
+    assert got.tobytes() == h.astype(np.float32).view(np.uint32).tobytes()
+
+
 def test_to_half_of_fp16_values_is_a_new_contiguous_copy():
     h = np.tile(every_half(), 2)[::2]  # a strided view, large enough for the compiled path
     got = to_half(h)
