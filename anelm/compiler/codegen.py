@@ -43,8 +43,11 @@ def emit(graph: Graph) -> tuple[Program, dict[str, bytes]]:
     return Program("1.3", list(DEFAULT_BUILD_INFO), {"main": fn}), cg.weights
 
 
+_STRING = TensorType("string")
+
+
 def _string(s: str) -> Literal:
-    return Literal(TensorType("string"), s)
+    return Literal(_STRING, s)
 
 
 def _is_constexpr(op: str) -> bool:

@@ -266,6 +266,8 @@ class Graph:
         Nodes appended by a rewrite therefore land next to their first reader, which keeps
         the emitted MIL in data-flow order. Raises ShapeError on a cycle or a foreign operand.
         """
+        if self._in_order():
+            return  # what a builder makes, and what most passes leave: the sort would keep it
         known = {id(v) for v in self.inputs}
         placed: set[int] = set()
         order: list[Node] = []
@@ -292,6 +294,20 @@ class Graph:
                     if id(v.producer) not in placed:
                         stack.append((v.producer, False))
         self.nodes = order
+
+    def _in_order(self) -> bool:
+        """Whether every node reads only inputs and results of the nodes before it (and is
+        listed once: the sort drops repeats)."""
+        defined = {id(v) for v in self.inputs}
+        for n in self.nodes:
+            for _, v in n.operands():
+                if id(v) not in defined:
+                    return False
+            for o in n.outputs:
+                if id(o) in defined:
+                    return False
+                defined.add(id(o))
+        return True
 
     def copy(self) -> "Graph":
         """Deep copy of the structure; const arrays are shared (passes never edit them in place)."""

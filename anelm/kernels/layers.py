@@ -23,6 +23,7 @@ import numpy as np
 
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
+from ..mil.blob import blob_payload, seal
 from ..mil.half import fold_to_half, to_half
 from ..models.layers import rope_full_width
 from .families import Family, family_for
@@ -96,31 +97,37 @@ def _fold(w: np.ndarray, b: np.ndarray | None, gain: np.ndarray, shift: np.ndarr
 def layer_params(s: LayerShape, w: dict[str, np.ndarray], half: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
     """HF weights of one layer (names inside the layer, `[out, in]`) -> {linear: (W, bias or None)}
     with the norm affines and the attention scale folded in; "q_norm"/"k_norm" hold Qwen3's
-    per-head gains as (gain, None). Matrices are float32, or fp16 with `half`, cast as they fold."""
+    per-head gains as (gain, None). Matrices are float32, or with `half` fp16, cast as they fold
+    and held (read-only) as the payloads of their own BLOBFILEs (`mil.blob.blob_payload`): the
+    programs' blobs are these buffers, not copies of them."""
     f = s.family
     raw = f.linears(w, s.d)
     norm1, norm2 = f.affine(w, "attn_norm"), f.affine(w, "mlp_norm")  # (gain, LayerNorm's shift or None)
-    dtype = np.float16 if half else np.float32
+    new = (lambda shape: blob_payload(shape, "fp16")) if half else (lambda shape: np.empty(shape, np.float32))
+    done = seal if half else (lambda a: a)
     # RoPE is linear, so scaling q before it is scaling the scores; Qwen3's goes after its q norm
     q_scale = None if f.head_norms(w) else s.scale
     # one projection for q, k and v (rows [q | k | v]): one conv and one bias add instead of three
     ends = np.cumsum([raw[n][0].shape[0] for n in "qkv"])
-    fused = np.empty((int(ends[-1]), raw["q"][0].shape[1]), dtype)
+    fused = new((int(ends[-1]), raw["q"][0].shape[1]))
     parts = [_fold(*raw[n], *norm1, fused[end - len(raw[n][0]):end], q_scale if n == "q" else None)
              for n, end in zip("qkv", ends)]
     bias = None if all(pb is None for _, pb in parts) else \
         np.concatenate([np.zeros(pw.shape[0], np.float32) if pb is None else pb for pw, pb in parts])
-    p = {n: _fold(*raw[n], *norm2, np.empty(raw[n][0].shape, dtype)) for n in f.mlp_inputs}
+    p = {}
+    for n in f.mlp_inputs:
+        fw, fb = _fold(*raw[n], *norm2, new(raw[n][0].shape))
+        p[n] = (done(fw), fb)
     for n in raw:
         if n not in p and n not in ("q", "k", "v"):
             pw, pb = raw[n]
             if n in f.stream_writers and s.stream_scale != 1.0:
                 pw, pb = pw / np.float32(s.stream_scale), None if pb is None else pb / np.float32(s.stream_scale)
-            p[n] = (to_half(pw) if half else pw, pb)
+            p[n] = (done(to_half(pw, out=new(pw.shape))) if half else pw, pb)
     if q_scale is None:  # Qwen3: the scale goes after the q norm, into its gain
         p["q_norm"] = (f.affine(w, "q_norm")[0] * np.float32(s.scale), None)
         p["k_norm"] = (f.affine(w, "k_norm")[0], None)
-    p["qkv"] = (fused, bias)
+    p["qkv"] = (done(fused), bias)
     return p
 
 

@@ -148,26 +148,38 @@ def single_header(dtype: str, size: int) -> bytes:
     return _file_header(1) + _meta_block(dtype, size, ALIGN)
 
 
+def blob_payload(shape: Sequence[int], dtype: str = "fp16") -> np.ndarray:
+    """A new single-tensor BLOBFILE buffer, header written, as its writable payload of `shape`
+    (a byte-sized `dtype`): fill it, then `seal` it, and `encode_tensor` of it is that file."""
+    _check_dtype(dtype)
+    if dtype in SUBBYTE_BITS:
+        raise BlobError(f"a blob payload holds byte-sized dtypes; {dtype} is packed")
+    shape = tuple(int(d) for d in shape)
+    size = payload_size(dtype, int(np.prod(shape)))
+    file = np.empty(SINGLE_PAYLOAD_AT + size, np.uint8)
+    file[:SINGLE_PAYLOAD_AT] = np.frombuffer(single_header(dtype, size), np.uint8)
+    return file[SINGLE_PAYLOAD_AT:].view(np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<")).reshape(shape)
+
+
+def seal(payload: np.ndarray) -> np.ndarray:
+    """A filled `blob_payload`, read-only from now on (its file too, so its blobs can be views)."""
+    payload.base.flags.writeable = False
+    payload.flags.writeable = False
+    return payload
+
+
 def blob_backed(arr: np.ndarray, dtype: str = "fp16") -> np.ndarray:
     """`arr` as `dtype` (a byte-sized one), read-only, stored as the payload of a single-tensor
     BLOBFILE buffer: `encode_tensor` of the result (or of a reshape of it) is that file."""
-    _check_dtype(dtype)
-    if dtype in SUBBYTE_BITS:
-        raise BlobError(f"blob_backed holds byte-sized dtypes; {dtype} is packed")
     from .half import to_half  # noqa: PLC0415 - numba loads with the first conversion
 
     arr = np.asarray(arr)
-    size = payload_size(dtype, arr.size)
-    file = np.empty(SINGLE_PAYLOAD_AT + size, np.uint8)
-    file[:SINGLE_PAYLOAD_AT] = np.frombuffer(single_header(dtype, size), np.uint8)
-    out = file[SINGLE_PAYLOAD_AT:].view(np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<")).reshape(arr.shape)
+    out = blob_payload(arr.shape, dtype)
     if dtype == "fp16" and arr.dtype == np.float32:
         to_half(arr, out=out)
     else:
         np.copyto(out, arr, casting="unsafe")
-    file.flags.writeable = False
-    out.flags.writeable = False
-    return out
+    return seal(out)
 
 
 def backing_file(arr: np.ndarray, dtype: str | None) -> memoryview | None:

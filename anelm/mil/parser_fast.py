@@ -43,6 +43,12 @@ _BODY_SCALAR = re.compile(_WS +
 _ARG = r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=\s*[A-Za-z_][A-Za-z0-9_]*\s*"
 _VAR_ARGS = re.compile(rf"\s*\(((?:{_ARG},)*{_ARG})?\)")
 _NAME_ATTR = re.compile(r'\s*\[\s*name\s*=\s*string\(\s*("[^"\\\n]*")\s*\)\s*(?:(\])\s*;|,\s*val\s*=)')
+# A whole statement of one result, as the compiler prints nearly all of them, in one match:
+# `type name = op(k = v, ...)[name = string("n")];` or the same up to a const's `val = `.
+_ONE_RESULT = re.compile(
+    r'\s*(tensor<[^<>]*>|[A-Za-z_][A-Za-z0-9_]*) ([A-Za-z_][A-Za-z0-9_]*) = ([A-Za-z_][A-Za-z0-9_]*)'
+    r'\(((?:[A-Za-z_][A-Za-z0-9_]* = [A-Za-z_][A-Za-z0-9_]*, )*[A-Za-z_][A-Za-z0-9_]* = [A-Za-z_][A-Za-z0-9_]*)?\)'
+    r'\[name = string\(("[^"\\\n]*")\)(?:(\]);|, val = )')
 _STRING_TYPE = TensorType("string", None)
 _PUNCT = {s: re.compile(_WS + re.escape(s)) for s in ("(", ")", "[", "]", "{", "}", "<", ">", ",", "=", ";", "->")}
 
@@ -181,10 +187,7 @@ class _Reader:
         m = _VAR_ARGS.match(self.text, self.pos)
         if m is None:
             return None
-        pairs = [part.split("=") for part in m.group(1).split(",")] if m.group(1) else []
-        out = {k.strip(): Var(v.strip()) for k, v in pairs}
-        if len(out) < len(pairs):
-            raise NotFast  # a repeated argument: the grammar reports it
+        out = _var_pairs(m.group(1))
         self.pos = m.end()
         return out
 
@@ -205,7 +208,35 @@ class _Reader:
         return attrs
 
     # --- structure ------------------------------------------------------------------------
+    def one_result(self) -> Statement | None:
+        """A statement spaced as the printer spaces it, one match of `_ONE_RESULT`, else None."""
+        start = self.pos
+        m = _ONE_RESULT.match(self.text, start)
+        if m is None:
+            return None
+        kind = m.group(1)
+        if kind.startswith("tensor<"):
+            tm = _TENSOR_TYPE.match(kind)
+            if tm is None or tm.end() != len(kind):
+                return None
+            t = self.tensor_type(tm)
+        else:
+            t = TensorType(self.lit.known_dtype(kind), None)
+        args = _var_pairs(m.group(4))
+        attrs = {"name": Literal(_STRING_TYPE, m.group(5)[1:-1])}  # the pattern admits no escapes
+        self.pos = m.end()
+        if m.group(6) is None:  # `, val = `
+            attrs["val"] = self.value()
+            if not self.accept("]"):
+                self.pos = start  # more attributes: the token reader takes them all
+                return None
+            self.take(";")
+        return Statement([(t, m.group(2))], m.group(3), args, attrs)
+
     def statement(self) -> Statement:
+        one = self.one_result()
+        if one is not None:
+            return one
         results = [self.typed_name()]
         while self.accept(","):
             results.append(self.typed_name())
@@ -291,6 +322,15 @@ class _Reader:
         self.take(")")
         self.take("]")
         return pairs
+
+
+def _var_pairs(body: str | None) -> dict:
+    """`k = v, ...` (variables only) -> {k: Var(v)}; NotFast on a repeated argument."""
+    pairs = [part.split("=") for part in body.split(",")] if body else []
+    out = {k.strip(): Var(v.strip()) for k, v in pairs}
+    if len(out) < len(pairs):
+        raise NotFast  # the grammar reports it
+    return out
 
 
 def read_program(text: str, lit) -> Program:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Union
 
 import numpy as np
@@ -51,6 +52,7 @@ def storage_dtype(dtype: str) -> np.dtype:
     return np.dtype(NUMPY_DTYPES[dtype])
 
 
+@lru_cache(maxsize=None)  # np.iinfo costs microseconds, and the parser asks once per integer literal
 def int_range(dtype: str) -> tuple[int, int]:
     """Smallest and largest value of an integer MIL dtype, sub-byte ones included."""
     if dtype in SUBBYTE_BITS:

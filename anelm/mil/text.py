@@ -26,11 +26,11 @@ from .program import BlobRef, Function, Literal, Program, Statement, TensorType,
 
 _INDENT = "    "
 _EXACT_INT = 2**24  # integers below this print exactly in both fp16 and fp32
-_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"})
 
 
 def quote(s: str) -> str:
-    return '"' + "".join(_ESCAPES.get(ch, ch) for ch in s) + '"'
+    return '"' + s.translate(_ESCAPES) + '"'
 
 
 def format_type(t: TensorType) -> str:
@@ -65,6 +65,8 @@ def _format_element(dtype: str, x) -> str:
 
 def format_literal(lit: Literal) -> str:
     t = lit.type
+    if t.shape is None and isinstance(lit.value, str) and t.dtype == "string":  # every op's name
+        return f"string({quote(lit.value)})"
     if t.dtype == "string":
         values = [lit.value] if isinstance(lit.value, str) else list(np.asarray(lit.value, dtype=object).reshape(-1))
     else:

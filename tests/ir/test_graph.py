@@ -99,6 +99,16 @@ def test_topo_sort_restores_order_and_is_stable():
     assert sorted(names) == sorted(want)
 
 
+def test_topo_sort_of_an_ordered_graph_keeps_its_order_and_drops_repeats():
+    g, x, two, m, r = small()
+    order = list(g.nodes)
+    g.topo_sort()  # already in order: nothing moves
+    assert g.nodes == order
+    g.nodes = order + [order[0]]  # a node listed twice is placed once, as the full sort does
+    g.topo_sort()
+    assert g.nodes == order
+
+
 def test_topo_sort_detects_cycle():
     g, x, two, m, r = small()
     m.producer.inputs["x"] = r  # m reads r, r reads m

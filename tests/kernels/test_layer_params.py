@@ -42,3 +42,47 @@ def test_half_params_are_the_float32_params_cast_to_fp16(kind, stream_scale):
         if fb is not None:
             assert hb.dtype == fb.dtype and np.array_equal(hb, fb), name
     assert full["qkv"][0].shape[0] == s.heads * s.head_dim + 2 * s.kv_channels
+
+
+def _compiled_layer(cfg, p: dict, seq: int):
+    """The layer program `kernels.blocks.decoder_layer` builds, from the params `p` given."""
+    from anelm.compiler.pipeline import compile_graph
+    from anelm.kernels.layers import rope_full_tables
+    from anelm.kernels.prefill import prefill_layer
+    from anelm.models.layers import rope_inv_freq, rope_tables
+
+    s = layer_shape(cfg, 0)
+    rope = None
+    if s.family.rotary:
+        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        rope = rope_full_tables(*rope_tables(np.arange(seq), inv))
+    return compile_graph(prefill_layer(s, p, seq, rope, name="layer", kv_outputs=False))
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_half_params_are_their_blobs_and_compile_to_the_same_program_byte_for_byte(kind):
+    """Each fp16 matrix is the payload of its own BLOBFILE, so the program's blob for it is that
+    buffer (no copy); the MIL text and every blob byte equal those of the same layer compiled
+    from float32 params and from plain (writable, copied) fp16 arrays, both encoded anew."""
+    from anelm.compiler.pipeline import compile_graph
+    from anelm.kernels.blocks import decoder_layer
+
+    cfg, seq = CONFIGS[kind], 16
+    w = random_layer(cfg, seed=5)
+    s = layer_shape(cfg, 0)
+    half = layer_params(s, w, half=True)
+    matrices = {n: hw for n, (hw, _) in half.items() if hw.ndim == 2}
+    assert matrices and all(not m.flags.writeable for m in matrices.values())
+    new = _compiled_layer(cfg, half, seq)
+    plain = {n: (np.array(hw) if hw.ndim == 2 else hw, hb) for n, (hw, hb) in half.items()}
+    olds = (_compiled_layer(cfg, layer_params(s, w), seq), _compiled_layer(cfg, plain, seq),
+            compile_graph(decoder_layer(cfg, w, seq)))  # the last: blocks' own layer, folded anew
+    for old in olds:
+        assert new.mil_text == old.mil_text
+        assert list(new.weights) == list(old.weights)
+        for path in old.weights:
+            assert bytes(new.weights[path]) == bytes(old.weights[path]), path
+    views = [b for b in new.weights.values() if isinstance(b, memoryview)]
+    assert len(views) == len(matrices)  # every matrix's blob is a view, the small ones are encoded
+    for m in matrices.values():
+        assert sum(np.shares_memory(np.frombuffer(b, np.uint8), m) for b in views) == 1

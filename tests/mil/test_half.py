@@ -1,8 +1,11 @@
 """mil/half.py: the fast fp16 casts give numpy's casts bit for bit (numpy is the reference:
 round to nearest even, overflow to inf, subnormals, NaN payloads)."""
 
+import numba
 import numpy as np
+import pytest
 
+from anelm.mil import half
 from anelm.mil.half import from_half, to_half
 
 
@@ -15,7 +18,9 @@ def test_from_half_matches_numpy_on_every_fp16_pattern():
     assert from_half(h).view(np.uint32).tobytes() == h.astype(np.float32).view(np.uint32).tobytes()
 
 
-def test_to_half_matches_numpy_on_ties_boundaries_and_a_sweep_of_float32():
+def probe_floats() -> np.ndarray:
+    """float32 values where a cast to fp16 goes wrong first: ties, their neighbours, the edges
+    of the ranges, and a sweep of every 997th bit pattern (NaNs with all kinds of payloads)."""
     finite = every_half().astype(np.float32)
     finite = np.sort(finite[np.isfinite(finite)])
     below, above = finite[:-1], finite[1:]
@@ -24,10 +29,51 @@ def test_to_half_matches_numpy_on_ties_boundaries_and_a_sweep_of_float32():
     edges = np.array([65504, 65519.996, 65520, 65535.99, 65536, 1e30, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25,
                       2.0 ** -25 * 1.0000001, 2.0 ** -26, 0.0, -0.0, np.inf, -np.inf], np.float32)
     sweep = np.arange(0, 1 << 32, 997, dtype=np.uint64).astype(np.uint32).view(np.float32)  # NaNs included
-    x = np.concatenate([finite, ties, near, edges, -edges, sweep])
+    return np.concatenate([finite, ties, near, edges, -edges, sweep])
+
+
+def test_to_half_matches_numpy_on_ties_boundaries_and_a_sweep_of_float32():
+    x = probe_floats()
     with np.errstate(all="ignore"):
         want = x.astype(np.float16)
     assert to_half(x).view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_both_float32_to_fp16_kernels_match_numpy(kind):
+    """The bit-pattern kernel (any CPU) and the CPU's own conversion (F16C, arm64), whichever
+    `to_half` does not use here is checked too."""
+    if kind == "hard" and not half._cpu_converts_half():
+        pytest.skip("this CPU has no float32 -> fp16 instruction (F16C)")
+    one = half._soft_half_bits if kind == "soft" else half._hard_half_bits
+
+    @numba.njit
+    def convert(src, dst):
+        for i in range(src.size):
+            dst[i] = one(src[i])
+
+    x = probe_floats()
+    got = np.empty(x.size, np.uint16)
+    convert(x.view(np.uint32), got)
+    with np.errstate(all="ignore"):
+        assert got.tobytes() == x.astype(np.float16).view(np.uint16).tobytes()
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_both_fp16_to_float32_kernels_match_numpy_on_every_pattern(kind):
+    if kind == "hard" and not half._cpu_converts_half():
+        pytest.skip("this CPU has no fp16 -> float32 instruction (F16C)")
+    one = half._soft_float_bits if kind == "soft" else half._hard_float_bits
+
+    @numba.njit
+    def convert(src, dst):
+        for i in range(src.size):
+            dst[i] = one(src[i])
+
+    h = every_half()
+    got = np.empty(h.size, np.uint32)
+    convert(h.view(np.uint16), got)
+    assert got.tobytes() == h.astype(np.float32).view(np.uint32).tobytes()
 
 
 def test_to_half_of_fp16_values_is_a_new_contiguous_copy():

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anelm.errors import BlobError
-from anelm.mil.blob import (DTYPE_CODES, Chunk, backing_file, blob_backed, blob_chunks, decode_blob, encode_blob,
-                             encode_tensor, frozen)
+from anelm.mil.blob import (DTYPE_CODES, Chunk, backing_file, blob_backed, blob_chunks, blob_payload, decode_blob,
+                             encode_blob, encode_tensor, frozen, seal)
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 milstorage = pytest.importorskip("coremltools.libmilstoragepython")
@@ -210,6 +210,20 @@ def test_only_an_untouched_blob_backed_array_is_served_as_its_file():
     assert backing_file(held, "int16") is None  # another dtype than the header says
     assert backing_file(np.ones((8, 8), np.float16), "fp16") is None  # a plain (writable) array
     assert isinstance(encode_tensor(held.T), bytes)  # encoded as before
+
+
+def test_a_blob_payload_is_served_as_its_file_once_sealed():
+    """A payload filled in place (as the fold writes the layer's weights) is a file like
+    `blob_backed`'s, but only once sealed: while it can change, it is encoded as a copy."""
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    out = blob_payload(a.shape, "fp16")
+    out[...] = a
+    assert out.flags.writeable and backing_file(out, "fp16") is None
+    assert seal(out) is out and not out.flags.writeable
+    assert bytes(encode_tensor(out)) == bytes(encode_tensor(blob_backed(a))) == encode_tensor(np.array(out))
+    assert isinstance(encode_tensor(out), memoryview)
+    with pytest.raises(BlobError, match="byte-sized"):
+        blob_payload((4,), "int4")
 
 
 def test_frozen_copies_only_what_could_change():

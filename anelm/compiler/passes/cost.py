@@ -24,7 +24,7 @@ from `dequantize` and whose weight from `constexpr_affine_dequantize` runs on th
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
 from ...chip.profile import STRICT, ChipProfile
 from ...ir.graph import Graph, Node
@@ -47,16 +47,16 @@ def node_flops(n: Node) -> tuple[str, int]:
     """(unit, arithmetic) of one node: unit is conv, matmul, vector or int8."""
     if n.op in FREE_OPS:
         return "vector", 0
-    out = int(np.prod(n.out.shape or ()))
+    out = math.prod(n.out.shape or ())
     if n.op == "matmul":
         xs = n.inputs["x"].shape
         flops = 2 * out * (xs[-2] if n.params.get("transpose_x") else xs[-1])
     elif n.op == "conv":
-        flops = 2 * out * int(np.prod(n.inputs["weight"].shape[1:]))
+        flops = 2 * out * math.prod(n.inputs["weight"].shape[1:])
     elif n.op == "softmax":
         return "vector", 5 * out
     elif n.op.startswith("reduce_"):
-        return "vector", int(np.prod(n.inputs["x"].shape))
+        return "vector", math.prod(n.inputs["x"].shape)
     else:
         return "vector", out
     return ("int8" if _is_int8_path(n) else n.op), flops
@@ -76,17 +76,17 @@ def vector_elements(graph: Graph) -> dict[str, int]:
         if n.op in ("conv", "matmul") or n.is_const:
             continue
         if n.op in MOVE_OPS:
-            out["move"] += int(np.prod(n.out.shape or ()))
+            out["move"] += math.prod(n.out.shape or ())
         elif n.op in FREE_OPS:
             continue
         elif n.op == "softmax":
-            out["softmax"] += int(np.prod(n.out.shape or ()))
+            out["softmax"] += math.prod(n.out.shape or ())
         elif n.op.startswith("reduce_"):
-            out["reduce"] += int(np.prod(n.inputs["x"].shape))
+            out["reduce"] += math.prod(n.inputs["x"].shape)
         elif n.op in TRANSCENDENTAL_OPS:
-            out["transcendental"] += int(np.prod(n.out.shape or ()))
+            out["transcendental"] += math.prod(n.out.shape or ())
         else:
-            out["elementwise"] += int(np.prod(n.out.shape or ()))
+            out["elementwise"] += math.prod(n.out.shape or ())
     return out
 
 

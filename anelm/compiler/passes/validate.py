@@ -147,11 +147,13 @@ def _peak_live_bytes(graph: Graph) -> int:
     for v in graph.outputs.values():
         last[id(v)] = end  # returned values live to the end
     live = {id(v): v.type.nbytes for v in graph.inputs}
-    peak = sum(live.values())
+    peak = total = sum(live.values())  # total: the sum over `live`, kept as it changes
     for i, n in enumerate(graph.nodes):
         if not _is_weight(n):
-            live.update((id(o), o.type.nbytes) for o in n.outputs)
-        peak = max(peak, sum(live.values()))
+            for o in n.outputs:
+                live[id(o)] = o.type.nbytes
+                total += live[id(o)]
+        peak = max(peak, total)
         for key in [k for k in live if last.get(k, -1) <= i]:
-            del live[key]  # dead after its last reader (or never read)
+            total -= live.pop(key)  # dead after its last reader (or never read)
     return peak
