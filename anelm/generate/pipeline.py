@@ -26,9 +26,9 @@ What runs where:
   bandwidth-bound wherever it runs. The CPU reads the fp16 matrix once per token; a tied
   embedding without learned positions is looked up in the same fp16 matrix.
 
-Memory: once the programs' weights are folded (`layer_params`, kept as fp16 for the programs
-still to compile, each matrix as the payload of its own BLOBFILE, so the programs' blobs are
-views of it and not copies) the runner drops its float32 copies of the layers' matrices; the CPU side
+Memory: the programs' weights are folded straight to fp16 (`layer_params(half=True)`, kept for
+the programs still to compile, each matrix as the payload of its own BLOBFILE, so the programs'
+blobs are views of it and not copies; no float32 transient per layer), then the runner drops its float32 copies of the layers' matrices; the CPU side
 keeps the embedding, positions, final norm, head and the layers' norm vectors (for adapters).
 
 A LoRA adapter (`set_adapter`) is kernel input data (`kernels/lora.py`): the kernels are built
@@ -63,7 +63,7 @@ from ..kernels.int8 import plan_layer
 from ..kernels.layers import layer_params, layer_shape, rope_full_tables, stream_scale_for
 from ..kernels.lora import layer_lora, plan_slots
 from ..kernels.prefill import prefill_layer
-from ..mil.blob import blob_backed
+from ..mil.blob import backing_file, blob_backed
 from ..models.errors import AdapterError
 from ..models.layers import rope_inv_freq, rope_tables
 from ..models.loading import build_model
@@ -115,7 +115,7 @@ class DeviceRunner:
         # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
         quant = getattr(weights, "quant", None)  # a quantized folder (models/quantized.py): int8 linears
         self.layers = [{k: (_half(w), b) for k, (w, b) in
-                        (plan_layer(quant, i, s, w) if quant else layer_params(s, w)).items()}
+                        (plan_layer(quant, i, s, w) if quant else layer_params(s, w, half=True)).items()}
                        for i, s in enumerate(self.shapes) for w in [layer_weights(config, self.cpu.weights, i)]]
         self.head = HalfMatrix(self.cpu.weights[self.cpu.head_name])
         self.rope = self.shapes[0].family.rotary
@@ -298,8 +298,9 @@ class DeviceRunner:
 
 def _half(w):
     """A weight matrix as fp16, held as the payload of its own BLOBFILE (`mil.blob.blob_backed`):
-    the programs are compiled from it and their blobs are it, one memory; anything else (int8
-    weights, vectors) as it is."""
-    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype in (np.float32, np.float16):
+    the programs are compiled from it and their blobs are it, one memory (`layer_params(half=True)`
+    folds straight into such payloads); anything else (int8 weights, vectors) as it is."""
+    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype in (np.float32, np.float16) \
+            and backing_file(w, "fp16") is None:
         return blob_backed(w)
     return w
