@@ -4,11 +4,11 @@
     store.put(key, payload)                     # temp file + atomic rename, then trim to the bound
     store.get(key)                              # the payload, or None (absent, corrupt or stale)
 
-Each entry is one file `<key>.bin`: a header (magic, format version, the key, the payload's
-length and its SHA-256), then the payload. An entry whose header, length or checksum does not
-check out (a truncated write from a killed process on a filesystem without atomic rename, a
-disk error, an older format) is deleted and reported as a miss, so the caller rebuilds and
-rewrites it. Two processes filling the store at once each write a private temp file and
+Each entry is one file `<key>.v<format>.bin`: a header (magic, format version, the key, the
+payload's length and its SHA-256), then the payload. An entry whose header, length or checksum
+does not check out (a truncated write from a killed process on a filesystem without atomic
+rename, a disk error) is deleted and reported as a miss, so the caller rebuilds and rewrites
+it; another format's entries are other files, left to the bound's eviction. Two processes filling the store at once each write a private temp file and
 rename it into place: a reader sees a whole entry or none, and the last writer of one key wins
 with the same content. Use marks recency: a hit sets the file's modification time, and past
 the bound (`ANELM_KERNEL_CACHE_MB`, default 2048; 0 turns the store off) the least recently
@@ -63,7 +63,9 @@ class DiskCache:
     def path(self, key: str) -> Path:
         if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
             raise ValueError(f"cache key {key!r}: expected 64 lowercase hex digits (a SHA-256)")
-        return self.root / f"{key}{SUFFIX}"
+        # the format in the name: two versions of anelm sharing a cache folder keep their own
+        # entries side by side instead of deleting each other's as damaged at every switch
+        return self.root / f"{key}.v{self.version}{SUFFIX}"
 
     def get(self, key: str) -> bytes | None:
         """The payload stored under `key`, or None; a damaged entry is deleted on the way."""

@@ -141,7 +141,7 @@ def test_a_damaged_entry_is_ignored_and_rewritten(tiny, damage, monkeypatch):
             data[len(data) // 2] ^= 0xFF
         elif damage == "truncate":
             data = data[: len(data) // 3]
-        key = f.name.removesuffix(".bin")
+        key = f.name.split(".")[0]
         if damage == "bad-payload":  # a whole, checksummed entry whose content does not read
             store.put(key, b"\x07" * 64)
         elif damage == "unknown-weight":  # an entry naming a weight the layer does not have
