@@ -10,7 +10,14 @@ dropped. Its evaluations:
 * one column (decode): `matvec_fp16` widens each element as it streams past (the F16C
   instruction `vcvtph2ps`, which LLVM emits for the `fpext half` of `half_to_float32`) and
   accumulates in float32;
-* several columns (prefill, training): `half_times` widens a block of rows at a time into a
+* a few columns (prefill: up to NARROW, a multiple of 16): `narrow_times` widens four rows
+  at a time into a scratch that stays in L1 and multiplies them with x in 4x16 register tiles,
+  each sum held in a register over the whole of C. OpenBLAS's sgemm is weak this narrow (its
+  Haswell kernel reached ~42 GFLOP/s at 16 columns, 76 at 64) and needs the whole row block
+  widened first. Against widen+BLAS on SmolLM2's and GPT-2's shapes (alternating rounds, one
+  thread, best of 15): 0.55-0.75x its time at 16 columns, 0.75-0.95x at 32; at 64 1.0-1.5x
+  (x no longer stays in L1/L2 between row blocks), so NARROW is 32;
+* more columns (training): `half_times` widens a block of rows at a time into a
   per-thread scratch (`SCRATCH`, 1 MB) and multiplies it with float32 BLAS into those output
   rows. Measured against one product with a float32 copy of the whole weight (SmolLM2's and
   stories110m's shapes, 16 to 1024 columns, weights not in cache, alternating rounds): 0.8-1.0x
@@ -23,7 +30,8 @@ The accumulator modelled is `"accumulator": "fp32"` (CONTRACTS §2.9): the sum o
 in float32, in an order the contract leaves open, then the profile's limit (as
 `emulator_accum.accumulated` applies it to the op table's conv) and the rounding of the result to fp16. The
 float32 sums here are formed in other orders than one whole-matrix BLAS product forms them:
-the matrix-vector product's eight lanes and several partial sums, and BLAS's own kernels,
+the matrix-vector product's eight lanes and several partial sums, the tiles' one sum in k
+order, and BLAS's own kernels,
 which depend on the block's row count (OpenBLAS gives other float32 sums for some rows of a
 row block than for the same rows of the whole matrix). A result close to a rounding boundary
 can so land one fp16 ulp away from the whole-matrix product's; `tests/device/test_emulator_matvec.py`
@@ -41,6 +49,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..chip.profile import ChipProfile
@@ -113,11 +122,86 @@ def widened_rows(bits: np.ndarray):
         yield r, buf[:n].reshape(len(block), c)
 
 
+TILE_ROWS, TILE_COLUMNS = 4, 16  # one register tile: 4 x 16 float32 sums, eight 8-lane registers
+NARROW = 32  # the widest product the tiles take; wider, BLAS (module doc)
+
+
+@intrinsic
+def _tile_4x16(typingctx, w, ldw, x, ldx, out, ldo, depth):
+    """out[i·ldo + j] = Σ_{k < depth} w[i·ldw + k]·x[k·ldx + j] for i < 4, j < 16: addresses of
+    float32 arrays, strides in elements. The 64 sums stay in eight 8-lane registers for the
+    whole sum, in k order, one fused multiply-add each step; each step loads x's 16 values once
+    and broadcasts each row's weight straight from memory (a load, not a shuffle)."""
+    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        w, ldw, x, ldx, out, ldo, depth = args
+        f32, i64 = ir.FloatType(), ir.IntType(64)
+        v8 = ir.VectorType(f32, 8)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.fmuladd.v8f32")
+        lanes0 = ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8)
+
+        def at(base, index, vector=False):  # the float32 (or 8 of them) at element `index` of `base`
+            addr = builder.add(base, builder.mul(index, ir.Constant(i64, 4)))
+            return builder.inttoptr(addr, (v8 if vector else f32).as_pointer())
+
+        # allocas in the entry block, which LLVM promotes to registers
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8)) for _ in range(2 * TILE_ROWS)]
+        with cgutils.for_range(builder, depth) as loop:
+            k = loop.index
+            row = builder.mul(k, ldx)
+            xs = [builder.load(at(x, builder.add(row, ir.Constant(i64, 8 * h)), True), align=4) for h in (0, 1)]
+            for i in range(TILE_ROWS):
+                wk = builder.load(at(w, builder.add(builder.mul(ir.Constant(i64, i), ldw), k)), align=4)
+                lane0 = builder.insert_element(ir.Constant(v8, None), wk, ir.Constant(ir.IntType(32), 0))
+                splat = builder.shuffle_vector(lane0, ir.Constant(v8, None), lanes0)
+                for h in (0, 1):
+                    a = acc[2 * i + h]
+                    builder.store(builder.call(fma, [splat, xs[h], builder.load(a)]), a)
+        for i in range(TILE_ROWS):
+            for h in (0, 1):
+                index = builder.add(builder.mul(ir.Constant(i64, i), ldo), ir.Constant(i64, 8 * h))
+                builder.store(builder.load(acc[2 * i + h]), at(out, index, True), align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def narrow_times(bits: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out = bits·x: bits `[OC, C]` fp16 patterns, x `[C, T]` and out `[OC, T]` float32, all
+    C-contiguous, T a multiple of 16. Four rows at a time are widened into a small scratch
+    (in L1), then multiplied with each 16 columns of x in register tiles; a last partial block
+    of rows is padded with zero rows into a spare tile."""
+    oc, c = bits.shape
+    t = x.shape[1]
+    rows = np.zeros(TILE_ROWS * c, np.float32)
+    spare = np.empty((TILE_ROWS, TILE_COLUMNS), np.float32)
+    for o in range(0, oc, TILE_ROWS):
+        n = min(TILE_ROWS, oc - o)
+        for i in range(n):
+            src, dst = bits[o + i], rows[i * c:(i + 1) * c]
+            for k in range(c):
+                dst[k] = half_to_float32(src[k])
+        rows[n * c:] = 0.0
+        for j in range(0, t, TILE_COLUMNS):
+            if n == TILE_ROWS:
+                _tile_4x16(rows.ctypes.data, c, x.ctypes.data + 4 * j, t, out.ctypes.data + 4 * (o * t + j), t, c)
+            else:
+                _tile_4x16(rows.ctypes.data, c, x.ctypes.data + 4 * j, t, spare.ctypes.data, TILE_COLUMNS, c)
+                out[o:o + n, j:j + TILE_COLUMNS] = spare[:n]
+
+
 def half_times(bits: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """bits `[OC, C]` (fp16 patterns) times x `[N, C, T]`: float32 `[N, OC, T]`, float32 BLAS
-    over row blocks widened one at a time (no float32 copy of the whole matrix)."""
-    x = np.asarray(x, np.float32)
+    """bits `[OC, C]` (fp16 patterns) times x `[N, C, T]`: float32 `[N, OC, T]`. Up to NARROW
+    columns (a multiple of 16), register tiles over rows widened four at a time
+    (`narrow_times`); wider, float32 BLAS over row blocks widened one at a time. Neither keeps
+    a float32 copy of the whole matrix."""
+    x = np.ascontiguousarray(x, np.float32)
     out = np.empty((x.shape[0], bits.shape[0], x.shape[2]), np.float32)
+    if x.shape[2] <= NARROW and x.shape[2] % TILE_COLUMNS == 0 and bits.flags.c_contiguous:
+        for n in range(x.shape[0]):
+            narrow_times(bits, x[n], out[n])
+        return out
     for r, w in widened_rows(bits):
         for n in range(x.shape[0]):
             np.dot(w, x[n], out=out[n, r:r + len(w)])
