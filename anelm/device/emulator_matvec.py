@@ -127,15 +127,15 @@ NARROW = 32  # the widest product the tiles take; wider, BLAS (module doc)
 
 
 @intrinsic
-def _tile_4x16(typingctx, w, ldw, x, ldx, out, ldo, depth):
+def _tile_4x16(typingctx, w, ldw, x, ldx, out, ldo, depth, ahead):
     """out[i·ldo + j] = Σ_{k < depth} w[i·ldw + k]·x[k·ldx + j] for i < 4, j < 16: addresses of
     float32 arrays, strides in elements. The 64 sums stay in eight 8-lane registers for the
     whole sum, in k order, one fused multiply-add each step; each step loads x's 16 values once
     and broadcasts each row's weight straight from memory (a load, not a shuffle)."""
-    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.intp)
+    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.intp, types.uintp)
 
     def codegen(context, builder, sig, args):
-        w, ldw, x, ldx, out, ldo, depth = args
+        w, ldw, x, ldx, out, ldo, depth, ahead = args
         f32, i64 = ir.FloatType(), ir.IntType(64)
         v8 = ir.VectorType(f32, 8)
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.fmuladd.v8f32")
@@ -147,8 +147,15 @@ def _tile_4x16(typingctx, w, ldw, x, ldx, out, ldo, depth):
 
         # allocas in the entry block, which LLVM promotes to registers
         acc = [cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8)) for _ in range(2 * TILE_ROWS)]
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                                  "llvm.prefetch.p0i8")
         with cgutils.for_range(builder, depth) as loop:
             k = loop.index
+            # the next rows' fp16 patterns (8 bytes a step: the four rows' 8·depth bytes), so that
+            # memory streams them while this tile computes
+            addr = builder.inttoptr(builder.add(ahead, builder.mul(k, ir.Constant(i64, 8))), i8p)
+            builder.call(prefetch, [addr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
             row = builder.mul(k, ldx)
             xs = [builder.load(at(x, builder.add(row, ir.Constant(i64, 8 * h)), True), align=4) for h in (0, 1)]
             for i in range(TILE_ROWS):
@@ -174,21 +181,27 @@ def narrow_times(bits: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # p
     of rows is padded with zero rows into a spare tile."""
     oc, c = bits.shape
     t = x.shape[1]
-    rows = np.zeros(TILE_ROWS * c, np.float32)
-    spare = np.empty((TILE_ROWS, TILE_COLUMNS), np.float32)
+    patterns = bits.reshape(oc * c)
+    rows = np.empty(TILE_ROWS * c, np.float32)
+    spare = np.empty(TILE_ROWS * TILE_COLUMNS, np.float32)
     for o in range(0, oc, TILE_ROWS):
         n = min(TILE_ROWS, oc - o)
-        for i in range(n):
-            src, dst = bits[o + i], rows[i * c:(i + 1) * c]
-            for k in range(c):
-                dst[k] = half_to_float32(src[k])
-        rows[n * c:] = 0.0
+        block = patterns[o * c:(o + n) * c]
+        for i in range(block.size):
+            rows[i] = half_to_float32(block[i])
+        for i in range(n * c, TILE_ROWS * c):
+            rows[i] = 0.0
+        # the next block's rows, read ahead (on the last block, addresses past the end: a prefetch
+        # there is dropped, never a fault)
+        ahead = bits.ctypes.data + 2 * (o + TILE_ROWS) * c
         for j in range(0, t, TILE_COLUMNS):
             if n == TILE_ROWS:
-                _tile_4x16(rows.ctypes.data, c, x.ctypes.data + 4 * j, t, out.ctypes.data + 4 * (o * t + j), t, c)
+                _tile_4x16(rows.ctypes.data, c, x.ctypes.data + 4 * j, t, out.ctypes.data + 4 * (o * t + j), t, c, ahead)
             else:
-                _tile_4x16(rows.ctypes.data, c, x.ctypes.data + 4 * j, t, spare.ctypes.data, TILE_COLUMNS, c)
-                out[o:o + n, j:j + TILE_COLUMNS] = spare[:n]
+                _tile_4x16(rows.ctypes.data, c, x.ctypes.data + 4 * j, t, spare.ctypes.data, TILE_COLUMNS, c, ahead)
+                for i in range(n):
+                    for jj in range(TILE_COLUMNS):
+                        out[o + i, j + jj] = spare[i * TILE_COLUMNS + jj]
 
 
 def half_times(bits: np.ndarray, x: np.ndarray) -> np.ndarray:
