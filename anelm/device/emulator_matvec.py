@@ -174,11 +174,24 @@ def _tile_4x16(typingctx, w, ldw, x, ldx, out, ldo, depth, ahead):
 
 
 @numba.njit(nogil=True, cache=True)
-def narrow_times(bits: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """out = bits·x: bits `[OC, C]` fp16 patterns, x `[C, T]` and out `[OC, T]` float32, all
-    C-contiguous, T a multiple of 16. Four rows at a time are widened into a small scratch
-    (in L1), then multiplied with each 16 columns of x in register tiles; a last partial block
-    of rows is padded with zero rows into a spare tile."""
+def _finish(out: np.ndarray, o: int, n: int, j: int, bias: np.ndarray, limit: float) -> None:  # pragma: no cover
+    """The bias (none when empty) and the accumulator's limit on a tile's n rows from row o,
+    16 columns from j, while they are in L1: `saturate`'s rule, |sum| >= limit -> ±inf, NaN kept."""
+    for i in range(n):
+        for jj in range(TILE_COLUMNS):
+            v = out[o + i, j + jj]
+            if bias.size:
+                v += bias[o + i]
+            out[o + i, j + jj] = math.copysign(math.inf, v) if abs(v) >= limit else v
+
+
+@numba.njit(nogil=True, cache=True)
+def narrow_times(bits: np.ndarray, x: np.ndarray, out: np.ndarray, bias: np.ndarray,
+                 limit: float) -> None:  # pragma: no cover - compiled
+    """out = bits·x (+ bias, then the limit: `_finish`): bits `[OC, C]` fp16 patterns, x `[C, T]`
+    and out `[OC, T]` float32, all C-contiguous, T a multiple of 16. Four rows at a time are
+    widened into a small scratch (in L1), then multiplied with each 16 columns of x in register
+    tiles; a last partial block of rows is padded with zero rows into a spare tile."""
     oc, c = bits.shape
     t = x.shape[1]
     patterns = bits.reshape(oc * c)
@@ -202,23 +215,32 @@ def narrow_times(bits: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # p
                 for i in range(n):
                     for jj in range(TILE_COLUMNS):
                         out[o + i, j + jj] = spare[i * TILE_COLUMNS + jj]
+            _finish(out, o, n, j, bias, limit)
 
 
-def half_times(bits: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """bits `[OC, C]` (fp16 patterns) times x `[N, C, T]`: float32 `[N, OC, T]`. Up to NARROW
-    columns (a multiple of 16), register tiles over rows widened four at a time
-    (`narrow_times`); wider, float32 BLAS over row blocks widened one at a time. Neither keeps
-    a float32 copy of the whole matrix."""
+_NO_BIAS = np.empty(0, np.float32)
+
+
+def half_times(bits: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None,
+               limit: float | None = None) -> np.ndarray:
+    """bits `[OC, C]` (fp16 patterns) times x `[N, C, T]`, plus bias (OC float32 values) and
+    then the fp32 accumulator's limit (`saturate`): float32 `[N, OC, T]`. Up to NARROW columns
+    (a multiple of 16), register tiles over rows widened four at a time (`narrow_times`), which
+    add the bias and apply the limit in the same pass; wider, float32 BLAS over row blocks
+    widened one at a time. Neither keeps a float32 copy of the whole matrix."""
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty((x.shape[0], bits.shape[0], x.shape[2]), np.float32)
     if x.shape[2] <= NARROW and x.shape[2] % TILE_COLUMNS == 0 and bits.flags.c_contiguous:
+        b = _NO_BIAS if bias is None else np.ascontiguousarray(bias, np.float32).reshape(-1)
         for n in range(x.shape[0]):
-            narrow_times(bits, x[n], out[n])
+            narrow_times(bits, x[n], out[n], b, math.inf if limit is None else float(limit))
         return out
     for r, w in widened_rows(bits):
         for n in range(x.shape[0]):
             np.dot(w, x[n], out=out[n, r:r + len(w)])
-    return out
+    if bias is not None:
+        out += bias.reshape(-1, 1)
+    return out if limit is None else saturate(out, limit)
 
 
 def half_matvec(bits: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -256,9 +278,9 @@ class ResidentWeight:
         """W·x for one column x `[C]` as float32 `[OC]`."""
         return half_matvec(self.bits(), x)
 
-    def times(self, x: np.ndarray) -> np.ndarray:
-        """W·x for x `[N, C, T]` as float32 `[N, OC, T]`."""
-        return half_times(self.bits(), x)
+    def times(self, x: np.ndarray, bias: np.ndarray | None = None, limit: float | None = None) -> np.ndarray:
+        """W·x (+ bias, then the limit: `half_times`) for x `[N, C, T]` as float32 `[N, OC, T]`."""
+        return half_times(self.bits(), x, bias, limit)
 
     @property
     def nbytes(self) -> int:
@@ -274,11 +296,15 @@ class ResidentConv:
 
     def __call__(self, x: dict, p: dict) -> list[np.ndarray]:
         v, bias = x["x"], x.get("bias")
-        if v.shape[0] * math.prod(v.shape[2:]) == 1:  # one column: the decode path
+        oc, one_column = self.weight.shape[0], v.shape[0] * math.prod(v.shape[2:]) == 1
+        if not one_column and (bias is None or isinstance(bias, np.ndarray) and bias.size == oc):
+            # prefill, training: the product over all columns at once, with its bias and limit
+            out = self.weight.times(v.reshape(v.shape[0], v.shape[1], -1), bias, self.limit)
+            return [out.reshape((v.shape[0], oc) + v.shape[2:])]
+        if one_column:  # the decode path
             out = self.column(v)
-        else:  # prefill, training: the product over all columns at once
-            shape = (v.shape[0], self.weight.shape[0]) + v.shape[2:]
-            out = self.weight.times(v.reshape(v.shape[0], v.shape[1], -1)).reshape(shape)
+        else:  # a bias that broadcasts
+            out = self.weight.times(v.reshape(v.shape[0], v.shape[1], -1)).reshape((v.shape[0], oc) + v.shape[2:])
         out = out if bias is None else out + bias.reshape((1, -1) + (1,) * (v.ndim - 2))
         return [out if self.limit is None else saturate(out, self.limit)]
 

@@ -166,7 +166,7 @@ def test_the_wide_products_are_the_whole_matrix_product_but_for_rare_one_ulp_mov
     if scratch:
         monkeypatch.setattr(emulator_matvec, "SCRATCH", scratch)
     tiles, real = [], emulator_matvec.narrow_times
-    monkeypatch.setattr(emulator_matvec, "narrow_times", lambda b, v, o: tiles.append(v.shape) or real(b, v, o))
+    monkeypatch.setattr(emulator_matvec, "narrow_times", lambda b, v, *a: tiles.append(v.shape) or real(b, v, *a))
     w = round_fp16(rng.standard_normal((oc, c)) * 0.03)
     x = round_fp16(rng.standard_normal((n, c, t)))
     got = half_times(half_bits(w), x)
@@ -202,6 +202,22 @@ def test_the_tiles_pass_inf_and_nan_through_as_the_sum_does():
     assert np.array_equal(round_fp16(got)[0], round_fp16(whole)[0])  # past fp16's range: all inf
 
 
+@pytest.mark.parametrize("t", [32, 48])  # the tiles' fused pass; BLAS and then numpy
+def test_the_bias_and_the_limit_are_the_separate_passes_bit_for_bit(t):
+    from anelm.device.emulator_accum import saturate
+    oc, c, limit = 66, 48, 4.0
+    w = round_fp16(rng.standard_normal((oc, c)))
+    w[1, 2], w[2, :] = np.nan, 0.0  # a NaN sum stays NaN; a row of exact zeros
+    x = round_fp16(rng.standard_normal((2, c, t)))
+    bias = round_fp16(rng.standard_normal(oc))
+    product = half_times(half_bits(w), x)
+    for b in (None, bias):
+        got = half_times(half_bits(w), x, b, limit)
+        want = saturate(product if b is None else product + b.reshape(1, -1, 1), limit)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert np.isinf(got).any() and np.isnan(got[:, 1]).all() and np.isfinite(got[:, 2]).all()
+
+
 def test_a_wide_program_multiplies_the_fp16_patterns_and_keeps_no_float32_copy(monkeypatch, capsys):
     """A 64-column program (a prefill's width: evaluated whole, not column by column) on a blob
     weight: every evaluation goes through the blocked product, and the weight stays fp16."""
@@ -209,7 +225,7 @@ def test_a_wide_program_multiplies_the_fp16_patterns_and_keeps_no_float32_copy(m
     w = round_fp16(rng.standard_normal((oc, c)) * 0.03)
     x = round_fp16(rng.standard_normal((1, c, 1, width)))
     calls, real = [], emulator_matvec.half_times
-    monkeypatch.setattr(emulator_matvec, "half_times", lambda bits, v: calls.append(bits.shape) or real(bits, v))
+    monkeypatch.setattr(emulator_matvec, "half_times", lambda bits, v, *a: calls.append(bits.shape) or real(bits, v, *a))
     with Kernel(projection(oc, c, w, width), Emulator(PROFILE), cache=ProgramCache(), float32_outputs=True) as k:
         assert k.model.columns is None  # wider than a column block: one evaluation of all columns
         got = [k.run({"x": x})["y"][0, :, 0] for _ in range(3)]  # wide over and over: no switch to float32
