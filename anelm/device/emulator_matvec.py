@@ -16,7 +16,11 @@ dropped. Its evaluations:
   Haswell kernel reached ~42 GFLOP/s at 16 columns, 76 at 64) and needs the whole row block
   widened first. Against widen+BLAS on SmolLM2's and GPT-2's shapes (alternating rounds, one
   thread, best of 15): 0.55-0.75x its time at 16 columns, 0.75-0.95x at 32; at 64 1.0-1.5x
-  (x no longer stays in L1/L2 between row blocks), so NARROW is 32;
+  (x no longer stays in L1/L2 between row blocks), so NARROW is 32. In a prefill the weights
+  stream from memory (SmolLM2's 30 layers: 212 MB), so each tile prefetches the next rows'
+  patterns while it computes; a 16-token SmolLM2 prefill's products took 55-90 ms against
+  widen+BLAS's 100-145 (same machine, load 2-3). A conv's bias and accumulator limit are
+  applied to each tile while it is in L1;
 * more columns (training): `half_times` widens a block of rows at a time into a
   per-thread scratch (`SCRATCH`, 1 MB) and multiplies it with float32 BLAS into those output
   rows. Measured against one product with a float32 copy of the whole weight (SmolLM2's and
@@ -31,9 +35,9 @@ in float32, in an order the contract leaves open, then the profile's limit (as
 `emulator_accum.accumulated` applies it to the op table's conv) and the rounding of the result to fp16. The
 float32 sums here are formed in other orders than one whole-matrix BLAS product forms them:
 the matrix-vector product's eight lanes and several partial sums, the tiles' one sum in k
-order, and BLAS's own kernels,
-which depend on the block's row count (OpenBLAS gives other float32 sums for some rows of a
-row block than for the same rows of the whole matrix). A result close to a rounding boundary
+order (fused multiply-adds), and BLAS's own kernels, which depend on the block's row count
+(OpenBLAS gives other float32 sums for some rows of a row block than for the same rows of the
+whole matrix). A result close to a rounding boundary
 can so land one fp16 ulp away from the whole-matrix product's; `tests/device/test_emulator_matvec.py`
 measures how often. The q15.16 register (`emulator_accum`) prescribes its order and keeps its
 own path; so do int8 weights.
@@ -252,9 +256,9 @@ def half_matvec(bits: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 class ResidentWeight:
     """A 1x1 conv weight `[OC, C, 1(, 1)]` held as its fp16 patterns for every evaluation: one
-    column through `matvec_fp16`, several through BLAS over row blocks widened one at a time
-    (`half_times`), which measured as fast as one product with a float32 copy (module doc), so
-    no float32 copy is ever kept. `values` are float32 fp16 values (turned into patterns at the
+    column through `matvec_fp16`, a few (prefill) through register tiles, more through BLAS over
+    row blocks widened one at a time (`half_times`), which measured as fast as one product with
+    a float32 copy (module doc), so no float32 copy is ever kept. `values` are float32 fp16 values (turned into patterns at the
     first evaluation, and dropped) or float16 (a BLOBFILE's bytes, viewed in place)."""
 
     def __init__(self, values: np.ndarray):
