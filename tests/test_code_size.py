@@ -15,8 +15,9 @@ MAX_MODULE_LINES = 400
 # warm generation skip building its programs, decode's bound one-column steps (18), the kernel cache's
 # entries that keep what the build derived, the remembered source fingerprint and the kernel
 # cache's count that spares a listing per put, the fold into blob payloads, the CPU's own fp16
-# conversions both ways, the parser's one-match statement and the ordered graph's skipped sort (18)
-MAX_PACKAGE_LINES = 24000
+# conversions both ways, the parser's one-match statement, the ordered graph's skipped sort and
+# prefill's fp16 register tiles (18)
+MAX_PACKAGE_LINES = 24180
 
 
 def line_counts() -> dict[str, int]:

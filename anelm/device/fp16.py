@@ -174,16 +174,26 @@ def _round_counted_in_place(a: np.ndarray) -> int:
     return bad
 
 
+@numba.njit(nogil=True, cache=True)
+def _round_then_count_in_place(a: np.ndarray) -> int:
+    """`_round_counted_in_place` as two loops in one call, each vectorised (for large arrays)."""
+    for i in range(a.size):
+        a[i] = _rounded(a[i])
+    return _count_nonfinite(a)
+
+
 SMALL = 4096  # values below which one call's overhead outweighs the arithmetic
 
 
 def round_fp16_owned_counted(a: np.ndarray) -> tuple[np.ndarray, int]:
     """round_fp16_owned, and how many of the results are inf or NaN (the emulator's fp16
     overflow diagnostics look further only when that is not 0). For a large result the count
-    is a second loop over it while it is still in cache, about the rounding's own cost again:
-    fused into the rounding loop it vectorises worse and costs twice as much. A small result
-    (a decode step's) is rounded and counted in one loop: there the call is the cost."""
-    if _owned_in_place(a) and a.size < SMALL:
-        return a, int(_round_counted_in_place(a.reshape(-1)))
-    r = round_fp16_owned(a)
+    is a second loop over it while it is still in cache, about the rounding's own cost again
+    (fused into the rounding loop it vectorises worse and costs twice as much), in the same
+    compiled call (a second call cost ~1-2 us a step). A small result (a decode step's) is
+    rounded and counted in one loop: there the call is the cost."""
+    if _owned_in_place(a):
+        counted = _round_counted_in_place if a.size < SMALL else _round_then_count_in_place
+        return a, int(counted(a.reshape(-1)))
+    r = round_fp16(a)
     return r, int(_count_nonfinite(r.reshape(-1)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..mil.program import TensorType
@@ -18,13 +20,13 @@ def reshape_target(src: tuple[int, ...], shape) -> tuple[int, ...]:
         bad("at most one -1 in shape", want)
     if 0 in want and len(want) == len(src):
         want = [src[i] if d == 0 else d for i, d in enumerate(want)]
-    total = int(np.prod(src)) if src else 1
+    total = math.prod(int(d) for d in src)  # Python ints: np.prod costs ~10 us a call, once per evaluation
     if -1 in want:
-        known = int(np.prod([d for d in want if d != -1])) if len(want) > 1 else 1
+        known = math.prod(d for d in want if d != -1) if len(want) > 1 else 1
         if known <= 0 or total % known:
             bad(f"a shape whose known dims divide the {total} elements of {list(src)}", want)
         want[want.index(-1)] = total // known
-    if any(d < 0 for d in want) or int(np.prod(want) if want else 1) != total:
+    if any(d < 0 for d in want) or math.prod(want) != total:
         bad(f"a shape with the {total} elements of {list(src)}", want)
     return tuple(want)
 

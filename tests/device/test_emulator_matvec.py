@@ -155,21 +155,67 @@ def test_a_plan_from_the_kernel_cache_takes_the_same_fp16_path(tmp_path, monkeyp
     assert len(matvec_calls) == 2 and np.array_equal(fresh, cached)
 
 
-@pytest.mark.parametrize("oc, c, t, scratch", [(40, 24, 5, 200), (1536, 576, 16, None), (576, 1536, 64, None)])
-def test_the_blocked_product_is_the_whole_matrix_product_but_for_rare_one_ulp_moves(oc, c, t, scratch, capsys,
-                                                                                    monkeypatch):
-    if scratch:  # tiny: blocks of the fewest rows, 16 (40 = 16 + 16 + 8: a partial last block)
+@pytest.mark.parametrize("oc, c, t, n, scratch, tiled", [
+    (40, 24, 5, 2, 200, False),  # 5 columns: BLAS over row blocks of the fewest rows, 16 (40 = 16 + 16 + 8)
+    (1536, 576, 16, 1, None, True),  # prefill widths: the 4x16 register tiles
+    (962, 576, 32, 2, None, True),  # 962 = 4·240 + 2: a last partial block of rows, two batch items
+    (576, 1536, 64, 2, None, False),  # wider than NARROW: BLAS over 1 MB row blocks
+])
+def test_the_wide_products_are_the_whole_matrix_product_but_for_rare_one_ulp_moves(oc, c, t, n, scratch, tiled, capsys,
+                                                                                   monkeypatch):
+    if scratch:
         monkeypatch.setattr(emulator_matvec, "SCRATCH", scratch)
+    tiles, real = [], emulator_matvec.narrow_times
+    monkeypatch.setattr(emulator_matvec, "narrow_times", lambda b, v, *a: tiles.append(v.shape) or real(b, v, *a))
     w = round_fp16(rng.standard_normal((oc, c)) * 0.03)
-    x = round_fp16(rng.standard_normal((2, c, t)))
+    x = round_fp16(rng.standard_normal((n, c, t)))
     got = half_times(half_bits(w), x)
+    assert tiles == ([(c, t)] * n if tiled else [])
     whole = np.matmul(w, x)  # the op table's conv before: one float32 GEMM with the whole weight
     with capsys.disabled():
         print(f"\n[{oc}x{c}]x[{c}x{t}] float32 sums identical to the whole-matrix product's: {np.mean(got == whole):.2%}")
     if scratch:
         assert np.array_equal(got, whole)  # 5 columns: OpenBLAS forms every sum in one order here
+    exact = np.einsum("oc,nct->not", w.astype(np.float64), x.astype(np.float64))
+    # a float32 sum of c products in any order: within c·2^-24·Σ|products| of the exact sum
+    assert np.all(np.abs(got - exact) <= c * 2.0 ** -24 * np.einsum("oc,nct->not", np.abs(w), np.abs(x)))
     spread = 2 * c * 2.0 ** -24 * np.einsum("oc,nct->not", np.abs(w), np.abs(x))
-    assert_reordered(round_fp16(got), round_fp16(whole), spread, f"[{oc}x{c}]x[{c}x{t}] row-blocked", capsys)
+    label = "register-tiled" if tiled else "row-blocked"
+    assert_reordered(round_fp16(got), round_fp16(whole), spread, f"[{oc}x{c}]x[{c}x{t}] {label}", capsys)
+
+
+def test_the_tiles_pass_inf_and_nan_through_as_the_sum_does():
+    """Non-finite sums: the tiles multiply and add in float32 as BLAS does, so an overflowing
+    row gives inf, inf·0 and inf-inf give NaN, in the same places as the float32 product."""
+    oc, c, t = 8, 32, 16
+    w = round_fp16(rng.standard_normal((oc, c)))
+    w[0, :] = 60000.0  # with x >= 0.5 its sums pass 65504: finite float32, fp16 inf once rounded
+    w[1, 3], w[2, 5] = np.inf, np.nan  # inf·x > 0 is inf; NaN spreads
+    w[3, 7], w[3, 8] = np.inf, -np.inf  # inf - inf: NaN
+    x = round_fp16(np.abs(rng.standard_normal((1, c, t))) + 0.5)
+    got = half_times(half_bits(w), x)[0]
+    with np.errstate(invalid="ignore"):
+        whole = w @ x[0]
+    assert np.isinf(got[1]).all() and np.isnan(got[2:4]).all() and np.isfinite(got[0]).all()
+    assert np.array_equal(np.isnan(got), np.isnan(whole)) and np.array_equal(np.isinf(got), np.isinf(whole))
+    assert np.array_equal(np.sign(got[np.isinf(got)]), np.sign(whole[np.isinf(whole)]))
+    assert np.array_equal(round_fp16(got)[0], round_fp16(whole)[0])  # past fp16's range: all inf
+
+
+@pytest.mark.parametrize("t", [32, 48])  # the tiles' fused pass; BLAS and then numpy
+def test_the_bias_and_the_limit_are_the_separate_passes_bit_for_bit(t):
+    from anelm.device.emulator_accum import saturate
+    oc, c, limit = 66, 48, 4.0
+    w = round_fp16(rng.standard_normal((oc, c)))
+    w[1, 2], w[2, :] = np.nan, 0.0  # a NaN sum stays NaN; a row of exact zeros
+    x = round_fp16(rng.standard_normal((2, c, t)))
+    bias = round_fp16(rng.standard_normal(oc))
+    product = half_times(half_bits(w), x)
+    for b in (None, bias):
+        got = half_times(half_bits(w), x, b, limit)
+        want = saturate(product if b is None else product + b.reshape(1, -1, 1), limit)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert np.isinf(got).any() and np.isnan(got[:, 1]).all() and np.isfinite(got[:, 2]).all()
 
 
 def test_a_wide_program_multiplies_the_fp16_patterns_and_keeps_no_float32_copy(monkeypatch, capsys):
@@ -179,7 +225,7 @@ def test_a_wide_program_multiplies_the_fp16_patterns_and_keeps_no_float32_copy(m
     w = round_fp16(rng.standard_normal((oc, c)) * 0.03)
     x = round_fp16(rng.standard_normal((1, c, 1, width)))
     calls, real = [], emulator_matvec.half_times
-    monkeypatch.setattr(emulator_matvec, "half_times", lambda bits, v: calls.append(bits.shape) or real(bits, v))
+    monkeypatch.setattr(emulator_matvec, "half_times", lambda bits, v, *a: calls.append(bits.shape) or real(bits, v, *a))
     with Kernel(projection(oc, c, w, width), Emulator(PROFILE), cache=ProgramCache(), float32_outputs=True) as k:
         assert k.model.columns is None  # wider than a column block: one evaluation of all columns
         got = [k.run({"x": x})["y"][0, :, 0] for _ in range(3)]  # wide over and over: no switch to float32

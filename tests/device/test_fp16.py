@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from anelm.device.fp16 import round_fp16, round_fp16_owned, write_fp16_columns
+from anelm.device.fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted, write_fp16_columns
 
 
 def ieee(x: np.ndarray) -> np.ndarray:
@@ -115,3 +115,16 @@ def test_round_fp16_in_place_and_into_out():
     ro = want.copy()
     ro.flags.writeable = False
     assert round_fp16_owned(ro) is not ro                        # not ours to write: a new array
+
+
+@pytest.mark.parametrize("n", [100, 4095, 4096, 50000])  # both sides of SMALL: one loop, two loops in one call
+def test_round_fp16_owned_counted_rounds_and_counts_the_non_finite_results(n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 30000).astype(np.float32)  # some past 65504: inf once rounded
+    x[rng.integers(0, n, 5)] = np.nan
+    x[rng.integers(0, n, 5)] = -np.inf
+    want = ieee(x)
+    got, bad = round_fp16_owned_counted(x)
+    assert got is x and same_bits(got, want) and bad == np.count_nonzero(~np.isfinite(want)) > 10
+    clean, bad = round_fp16_owned_counted(np.linspace(-65504, 65504, n, dtype=np.float32)[::-1])  # a view: a new array
+    assert bad == 0 and clean.flags.c_contiguous

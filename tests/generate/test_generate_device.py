@@ -248,10 +248,16 @@ def test_the_runner_keeps_fp16_layers_and_head_only(models):
 
 def test_prefill_multiplies_the_fp16_layer_weights_and_keeps_no_float32_copy(models, monkeypatch):
     """A 22-token prompt runs bucket 32, evaluated whole (not column by column): every conv reads
-    its weight's fp16 patterns through the row-blocked product (device/emulator_matvec), so no
+    its weight's fp16 patterns through the register tiles (device/emulator_matvec), so no
     prefill kernel holds a float32 copy afterwards, and the logits are those of the float32-copy
     product it replaced (the same sums, some in another order: KV_TOL)."""
+    from anelm.device.emulator_accum import saturate
     from anelm.device.emulator_matvec import ResidentConv, ResidentWeight, widen
+
+    def whole_float32_product(w, x, bias=None, limit=None):  # the route before, bias and limit after
+        out = np.matmul(widen(w.bits()), x)
+        out = out if bias is None else out + bias.reshape(-1, 1)
+        return out if limit is None else saturate(out, limit)
 
     runner, _, config, _ = models["llama-gqa"]
     prompt = PROMPTS[1]
@@ -260,7 +266,7 @@ def test_prefill_multiplies_the_fp16_layer_weights_and_keeps_no_float32_copy(mod
             for st in k.model.plan.steps if isinstance(st.fn, ResidentConv)]
     assert len(held) >= 3 * config.num_hidden_layers
     assert all(w.f32 is None and w.nbytes == w.f16.size * 2 for w in held)
-    monkeypatch.setattr(ResidentWeight, "times", lambda w, x: np.matmul(widen(w.bits()), x))  # the route before
+    monkeypatch.setattr(ResidentWeight, "times", whole_float32_product)
     before = runner.prefill(prompt, runner.new_cache())
     assert rel_err(got, before) <= KV_TOL
 
