@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 from pathlib import Path
 
 
@@ -43,3 +44,12 @@ def send_numba_caches_here() -> None:
         from numba.core import config
 
         config.reload_config()
+
+
+def load_compiled(fn: Any, *signatures: tuple) -> None:
+    """Have numba dispatcher `fn` ready for these argument types now, from numba's cache (or
+    compiled, when the cache is cold), as its module is imported: the load costs 4-10 ms a
+    function, and at the first call it fell inside the first prefill or decode a new
+    `anelm generate` timed. Other argument types still compile on their first call."""
+    for sig in signatures:
+        fn.compile(sig)

@@ -41,6 +41,7 @@ from typing import Callable
 import numba
 import numpy as np
 
+from ..caches import load_compiled
 from ..chip.profile import ChipProfile
 from ..ir.ops_linear import conv, conv_taps, matmul, sdpa
 
@@ -93,6 +94,9 @@ def _below(a: np.ndarray, limit: float) -> bool:  # pragma: no cover - compiled
         if not abs(a[i]) < limit:  # NaN fails too
             return False
     return True
+
+
+load_compiled(_below, (numba.types.Array(numba.float32, 1, "C"), numba.float64))  # every profile's accumulator check
 
 
 def saturate(a: np.ndarray, limit: float) -> np.ndarray:

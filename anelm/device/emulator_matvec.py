@@ -56,6 +56,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..caches import load_compiled
 from ..chip.profile import ChipProfile
 from ..ir.ops_common import as_list
 from ..mil.half import from_half, to_half
@@ -223,6 +224,14 @@ def narrow_times(bits: np.ndarray, x: np.ndarray, out: np.ndarray, bias: np.ndar
 
 
 _NO_BIAS = np.empty(0, np.float32)
+
+# the products every generation calls, ready when the emulator is imported (`load_compiled`):
+# weights are read-only blob payloads (decode's layers, prefill's tiles) or writable (the head)
+_BITS, _BITS_RO = types.Array(types.uint16, 2, "C"), types.Array(types.uint16, 2, "C", readonly=True)
+_F32, _F32_2 = types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "C")
+load_compiled(matvec_fp16, (_BITS, _F32, _F32), (_BITS_RO, _F32, _F32))
+load_compiled(narrow_times, (_BITS_RO, _F32_2, _F32_2, _F32, types.float64))
+load_compiled(widen_into, (types.Array(types.uint16, 1, "C", readonly=True), _F32))
 
 
 def half_times(bits: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None,

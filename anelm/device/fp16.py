@@ -16,6 +16,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from ..caches import load_compiled
 from ..mil.half import from_half
 
 F16_MAX = 65504.0
@@ -183,6 +184,12 @@ def _round_then_count_in_place(a: np.ndarray) -> int:
 
 
 SMALL = 4096  # values below which one call's overhead outweighs the arithmetic
+
+# every evaluation's rounding loops, ready when the emulator is imported (`load_compiled`)
+_F32 = numba.types.Array(numba.float32, 1, "C")
+load_compiled(_round_into, (_F32, _F32))
+for _loop in (_round_in_place, _round_counted_in_place, _round_then_count_in_place, _count_nonfinite):
+    load_compiled(_loop, (_F32,))
 
 
 def round_fp16_owned_counted(a: np.ndarray) -> tuple[np.ndarray, int]:
