@@ -39,6 +39,18 @@ def test_to_half_matches_numpy_on_ties_boundaries_and_a_sweep_of_float32():
     assert to_half(x).view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
 
 
+def _each(one, src: np.ndarray, dtype) -> np.ndarray:
+    """Compiled scalar conversion `one` applied to every element of src."""
+    @numba.njit
+    def convert(src, dst):
+        for i in range(src.size):
+            dst[i] = one(src[i])
+
+    out = np.empty(src.size, dtype)
+    convert(src, out)
+    return out
+
+
 @pytest.mark.parametrize("kind", ["soft", "hard"])
 def test_both_float32_to_fp16_kernels_match_numpy(kind):
     """The bit-pattern kernel (any CPU) and the CPU's own conversion (F16C, arm64), whichever
@@ -46,15 +58,8 @@ def test_both_float32_to_fp16_kernels_match_numpy(kind):
     if kind == "hard" and not half._cpu_converts_half():
         pytest.skip("this CPU has no float32 -> fp16 instruction (F16C)")
     one = half._soft_half_bits if kind == "soft" else half._hard_half_bits
-
-    @numba.njit
-    def convert(src, dst):
-        for i in range(src.size):
-            dst[i] = one(src[i])
-
     x = probe_floats()
-    got = np.empty(x.size, np.uint16)
-    convert(x.view(np.uint32), got)
+    got = _each(one, x.view(np.uint32), np.uint16)
     with np.errstate(all="ignore"):
         assert got.tobytes() == x.astype(np.float16).view(np.uint16).tobytes()
 
@@ -64,15 +69,8 @@ def test_both_fp16_to_float32_kernels_match_numpy_on_every_pattern(kind):
     if kind == "hard" and not half._cpu_converts_half():
         pytest.skip("this CPU has no fp16 -> float32 instruction (F16C)")
     one = half._soft_float_bits if kind == "soft" else half._hard_float_bits
-
-    @numba.njit
-    def convert(src, dst):
-        for i in range(src.size):
-            dst[i] = one(src[i])
-
     h = every_half()
-    got = np.empty(h.size, np.uint32)
-    convert(h.view(np.uint16), got)
+    got = _each(one, h.view(np.uint16), np.uint32)
     assert got.tobytes() == h.astype(np.float32).view(np.uint32).tobytes()
 
 
