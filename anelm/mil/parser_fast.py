@@ -198,11 +198,17 @@ class _Reader:
         if m is None:
             return None
         self.pos = m.end()
-        attrs = {"name": Literal(_STRING_TYPE, m.group(1)[1:-1])}  # the regex admits no escapes
-        if m.group(2) is None:  # `, val = `
+        return self.named(m.group(1), m.group(2) is None, start)
+
+    def named(self, quoted: str, val_follows: bool, start: int) -> dict | None:
+        """The attributes of a matched `[name = string(quoted)` (the patterns admit no escapes),
+        with `val = <value>` read here when `val_follows`, up to `];`; None, back at `start`,
+        when more attributes follow: the token reader takes them all."""
+        attrs = {"name": Literal(_STRING_TYPE, quoted[1:-1])}
+        if val_follows:  # `, val = `
             attrs["val"] = self.value()
             if not self.accept("]"):
-                self.pos = start  # more attributes: the general reader takes them all
+                self.pos = start
                 return None
             self.take(";")
         return attrs
@@ -222,16 +228,9 @@ class _Reader:
             t = self.tensor_type(tm)
         else:
             t = TensorType(self.lit.known_dtype(kind), None)
-        args = _var_pairs(m.group(4))
-        attrs = {"name": Literal(_STRING_TYPE, m.group(5)[1:-1])}  # the pattern admits no escapes
         self.pos = m.end()
-        if m.group(6) is None:  # `, val = `
-            attrs["val"] = self.value()
-            if not self.accept("]"):
-                self.pos = start  # more attributes: the token reader takes them all
-                return None
-            self.take(";")
-        return Statement([(t, m.group(2))], m.group(3), args, attrs)
+        attrs = self.named(m.group(5), m.group(6) is None, start)
+        return None if attrs is None else Statement([(t, m.group(2))], m.group(3), _var_pairs(m.group(4)), attrs)
 
     def statement(self) -> Statement:
         one = self.one_result()
