@@ -59,19 +59,8 @@ from numba.extending import intrinsic
 from ..caches import load_compiled
 from ..chip.profile import ChipProfile
 from ..ir.ops_common import as_list
-from ..mil.half import from_half, to_half
+from ..mil.half import from_half, half_to_float32, to_half
 from .emulator_accum import saturate
-
-
-@intrinsic
-def half_to_float32(typingctx, bits):
-    """The fp16 value of 16 raw bits, as float32 (exact; NaNs stay NaN, quieted)."""
-    if bits != types.uint16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-    return types.float32(types.uint16), codegen
 
 
 # reassociation lets LLVM split each row's sum over vector lanes: the fp32 accumulator's order

@@ -64,7 +64,8 @@ def _cpu_converts_half() -> bool:
     return platform.machine().lower() in ("arm64", "aarch64") or bool(llvm.get_host_cpu_features().get("f16c"))
 
 
-_half_bits = _hard_half_bits if _cpu_converts_half() else _soft_half_bits
+_HARDWARE = _cpu_converts_half()
+_half_bits = _hard_half_bits if _HARDWARE else _soft_half_bits
 
 
 @numba.njit(nogil=True, cache=True)
@@ -94,21 +95,25 @@ def _soft_float_bits(h16: np.uint16) -> np.uint32:
 
 
 @intrinsic
-def _fpext_half(typingctx, x):
-    """The CPU's fp16 -> float32 (exact), from and to bits."""
+def half_to_float32(typingctx, bits):
+    """The CPU's fp16 -> float32 of 16 raw bits (exact; a NaN stays NaN, quieted): `fpext half`,
+    which LLVM emits as F16C's `vcvtph2ps` (the emulator's fp16 products widen with it too)."""
+    if bits != numba.types.uint16:
+        return None
+
     def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType()), ir.IntType(32))
-    return numba.types.uint32(numba.types.uint16), codegen
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return numba.types.float32(numba.types.uint16), codegen
 
 
 @numba.njit(nogil=True, cache=True)
 def _hard_float_bits(h16: np.uint16) -> np.uint32:
     h = np.uint32(h16)
     nan = ((h & _U(0x8000)) << _U(16)) | _U(0x7F800000) | ((h & _U(0x3FF)) << _U(13))  # as numpy: not quieted
-    return nan if (h & _U(0x7FFF)) > _U(0x7C00) else _fpext_half(h16)
+    return nan if (h & _U(0x7FFF)) > _U(0x7C00) else np.float32(half_to_float32(h16)).view(np.uint32)
 
 
-_float_bits = _hard_float_bits if _cpu_converts_half() else _soft_float_bits
+_float_bits = _hard_float_bits if _HARDWARE else _soft_float_bits
 
 
 @numba.njit(nogil=True, cache=True)
