@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 
 def cache_dir(*parts: str) -> Path:

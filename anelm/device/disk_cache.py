@@ -8,9 +8,9 @@ Each entry is one file `<key>.v<format>.bin`: a header (magic, format version, t
 payload's length and its SHA-256), then the payload. An entry whose header, length or checksum
 does not check out (a truncated write from a killed process on a filesystem without atomic
 rename, a disk error) is deleted and reported as a miss, so the caller rebuilds and rewrites
-it; another format's entries are other files, left to the bound's eviction. Two processes filling the store at once each write a private temp file and
-rename it into place: a reader sees a whole entry or none, and the last writer of one key wins
-with the same content. Use marks recency: a hit sets the file's modification time, and past
+it; another format's entries are other files, left to the bound's eviction. Two processes
+filling the store at once each write a private temp file and rename it into place: a reader
+sees a whole entry or none, and the last writer of one key wins with the same content. Use marks recency: a hit sets the file's modification time, and past
 the bound (`ANELM_KERNEL_CACHE_MB`, default 2048; 0 turns the store off) the least recently
 used entries are deleted first.
 """
@@ -99,9 +99,9 @@ class DiskCache:
                 f.write(payload)
         except OSError:
             return  # a read-only or full disk costs the cache, not the compile
-        known = _KNOWN.get(self.root)
-        if known is not None and known + len(header) + len(payload) <= self.limit:
-            _KNOWN[self.root] = known + len(header) + len(payload)  # within the bound: no scan
+        known, size = _KNOWN.get(self.root), len(header) + len(payload)
+        if known is not None and known + size <= self.limit:
+            _KNOWN[self.root] = known + size  # within the bound: no listing
         else:
             self.trim(keep=path)
 

@@ -43,8 +43,8 @@ def kernel_store() -> DiskCache:
 
 def dump_plan(plan: Plan, axes: dict[str, int] | None) -> bytes:
     """The entry of a built plan: its inputs, outputs and record, as builtins, its column axes
-    (`emulator_columns.column_axes`) and what its build's `finish` found. A const that no op reads as an operand (a param's
-    value, already in the op's params) is left out."""
+    (`emulator_columns.column_axes`) and what its build's `finish` found. A const that no op
+    reads as an operand (a param's value, already in the op's params) is left out."""
     read = set(plan.outputs)
     for entry in plan.record:
         if len(entry) != 2:

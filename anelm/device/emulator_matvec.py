@@ -256,8 +256,9 @@ class ResidentWeight:
     """A 1x1 conv weight `[OC, C, 1(, 1)]` held as its fp16 patterns for every evaluation: one
     column through `matvec_fp16`, a few (prefill) through register tiles, more through BLAS over
     row blocks widened one at a time (`half_times`), which measured as fast as one product with
-    a float32 copy (module doc), so no float32 copy is ever kept. `values` are float32 fp16 values (turned into patterns at the
-    first evaluation, and dropped) or float16 (a BLOBFILE's bytes, viewed in place)."""
+    a float32 copy (module doc), so no float32 copy is ever kept. `values` are float32 fp16
+    values (turned into patterns at the first evaluation, and dropped) or float16 (a BLOBFILE's
+    bytes, viewed in place)."""
 
     def __init__(self, values: np.ndarray):
         self.shape = values.shape

@@ -28,8 +28,8 @@ What runs where:
 
 Memory: the programs' weights are folded straight to fp16 (`layer_params(half=True)`, kept for
 the programs still to compile, each matrix as the payload of its own BLOBFILE, so the programs'
-blobs are views of it and not copies; no float32 transient per layer), then the runner drops its float32 copies of the layers' matrices; the CPU side
-keeps the embedding, positions, final norm, head and the layers' norm vectors (for adapters).
+blobs are views of it and not copies; no float32 transient per layer), then the runner drops
+its float32 copies of the layers' matrices; the CPU side keeps the embedding, positions, final norm, head and the layers' norm vectors (for adapters).
 
 A LoRA adapter (`set_adapter`) is kernel input data (`kernels/lora.py`): the kernels are built
 with adapter slots of a rank R on a set of projections (those of the first adapter, or

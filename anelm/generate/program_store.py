@@ -88,16 +88,17 @@ def tree_fingerprint(root: str) -> str:
             data = f.read()
         h.update(rel.encode() + b"\0" + _LENGTH.pack(len(data)))
         h.update(data)
+    fingerprint = h.hexdigest()
     # a file changed within the clock's resolution of this read could keep its stat: such a
     # fresh tree is hashed again next time rather than trusted (git's "racy" rule)
     if time.time_ns() - newest > _RACY_NS:
         try:
             memo.parent.mkdir(parents=True, exist_ok=True)
             with atomic_open(memo, "w", encoding="ascii") as f:
-                f.write(h.hexdigest())
+                f.write(fingerprint)
         except OSError:
             pass  # a read-only cache costs the shortcut, not the key
-    return h.hexdigest()
+    return fingerprint
 
 
 _RACY_NS = 2_000_000_000  # coarser than any filesystem's modification-time granularity
