@@ -59,3 +59,19 @@ def test_one_notice_prints_once_per_command_even_when_the_filters_are_reset(tmp_
     assert main(["compile", "--dim", "32", "--heads", "2", "--seq", "16", "--layers", "3", "--out", str(tmp_path / "k")]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "SRAM" in line]
     assert len(lines) == 1, lines
+
+
+@pytest.mark.parametrize("argv, imported", [(["--help"], set()), (["generate", "--help"], {"generate"})])
+def test_the_cli_imports_only_the_command_it_runs(argv, imported):
+    """Building every subcommand imported all of anelm (~1.8 s before `anelm --help` printed)."""
+    import subprocess
+    import sys
+
+    from anelm.cli.main import SUBCOMMANDS
+
+    code = (f"import sys\nfrom anelm.cli.main import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('anelm.cli.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = set(json.loads(out.strip().splitlines()[-1].replace("'", '"')))
+    commands = {f"anelm.cli.{module}" for module, _ in SUBCOMMANDS.values()}
+    assert loaded & commands == {f"anelm.cli.{SUBCOMMANDS[c][0]}" for c in imported}
