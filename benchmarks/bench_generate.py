@@ -28,7 +28,8 @@ With `--processes`, the figures are those a user sees: every round runs `anelm g
 --device emulator` in a new process (its `prefill_ms` and `decode_tokens_per_s`, which include
 whatever compiling happens inside them) and HF's greedy `generate` in another new process (load,
 then one generation; a streamer stamps the first token and the last), the two in turns, and each
-process's peak RSS is read from the kernel when it exits (`wait4`), with its wall time from start
+process's peak RSS is read from the kernel when it exits (`wait4`, in a small launcher that forks
+it: a child forked from this process would start from this process's peak), with its wall time from start
 to exit (imports and loading included: what a user waits for in all). The GPT-2 shape gets a
 tokenizer (GPT-2's vocabulary rebuilt from ../shared/data/tokenizers/gpt2-merges.txt) so that
 `anelm generate` can read the folder; both sides get the same prompt ids.
@@ -165,22 +166,35 @@ def gpt2_tokenizer(folder: Path) -> None:
     shutil.copy(merges, folder / "merges.txt")
 
 
+# A child's peak RSS (ru_maxrss) starts at the RSS of the process it was forked from: a command
+# started straight from this one (hundreds of MiB after building the model) reported this
+# process's peak, the same figure for both sides. So a small launcher forks and execs the
+# command and reports the rusage it reads when the command exits (`wait4`), and its wall time.
+LAUNCHER = """import os, sys, time
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{usage.ru_maxrss} {time.perf_counter() - t0} {os.waitstatus_to_exitcode(status)}")
+"""
+
+
 def child(cmd: list[str]) -> tuple[dict, float, float]:
     """Run cmd in a new process: (its last stdout line as JSON, its peak RSS in MiB, its wall
     time from start to exit in s: imports, loading and everything a user waits for)."""
     import json
     import subprocess
 
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)  # reaped here, so its own rusage can be read
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.NamedTemporaryFile("r") as report:
+        subprocess.run([sys.executable, "-c", LAUNCHER, report.name, *cmd], stdout=out, stderr=err, text=True)
+        rss_kib, wall, code = report.read().split()
         out.seek(0), err.seek(0)
-        if proc.returncode:
+        if int(code):
             raise SystemExit(f"{' '.join(cmd[:4])} ... failed:\n{err.read()[-2000:]}")
-        return json.loads(out.read().strip().splitlines()[-1]), usage.ru_maxrss / 1024, wall  # KiB -> MiB
+        return json.loads(out.read().strip().splitlines()[-1]), int(rss_kib) / 1024, float(wall)  # KiB -> MiB
 
 
 def hf_child(model: str, ids: str, tokens: int, threads: int) -> int:
