@@ -80,11 +80,12 @@ def start(args: argparse.Namespace, config: Any, weights: Any, max_context: int 
 
     profile = load_profile(args.profile)  # a bad path fails here, even when the CPU path ignores it
     adapter = adapter_from_args(args, config)
-    runner = make_runner(config, weights, args.device, max_context, profile=profile, adapter=adapter)
+    n = sum(int(w.size) for w in weights.values())
+    # the runner takes the weights: each layer's float32 matrices go once converted (peak memory)
+    runner = make_runner(config, weights, args.device, max_context, profile=profile, adapter=adapter, consume=True)
     # What loading and the runner built lives as long as the process: moved out of the
     # collector's reach, a full collection during prefill or decode walks only what they make.
     gc.freeze()
-    n = sum(int(w.size) for w in weights.values())
     notice(f"model: {config.model_type}, {n / 1e6:.2f}M parameters, context {config.max_position_embeddings}")
     if adapter is not None:
         notice(f"adapter: {args.adapter}, LoRA rank {adapter.rank} on {', '.join(adapter.spec.targets)}")

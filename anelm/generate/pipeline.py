@@ -75,17 +75,20 @@ from .program_store import LayerBlobs, digest, find_or_build, program_store, rec
 
 def build_runner(config: Any, weights: dict[str, np.ndarray], device: str | Device = "auto",
                  max_context: int | None = None, profile: Any = None, adapter: Any = None,
-                 lora_rank: int | None = None, lora_targets: tuple[str, ...] | None = None) -> "DeviceRunner":
+                 lora_rank: int | None = None, lora_targets: tuple[str, ...] | None = None,
+                 consume: bool = False) -> "DeviceRunner":
     """The device Runner for `config` and sanitized float32 `weights` (anelm.models.loading).
 
     `device` is "auto" | "ane" | "emulator" (anelm.device.select, under `profile`: a
     ChipProfile, or None for ANELM_PROFILE, else strict) or a Device. `max_context` caps the positions a cache holds (default: the model's context,
     at most MAX_CONTEXT, since every decode step reads its cache tier whole). `adapter`: a LoRA
     adapter to run with (`models.adapters`); `lora_rank`/`lora_targets` (HF module names)
-    reserve kernel slots for the adapters to come, when they exceed the first one's.
+    reserve kernel slots for the adapters to come, when they exceed the first one's. `consume`:
+    the caller gives `weights` up, and the runner removes what it has converted from it as it
+    goes (each layer's matrices once they are fp16), so a model is not held twice meanwhile.
     """
     dev = device if isinstance(device, Device) else get_device(device, profile)
-    return DeviceRunner(config, weights, dev, max_context, adapter, lora_rank, lora_targets)
+    return DeviceRunner(config, weights, dev, max_context, adapter, lora_rank, lora_targets, consume)
 
 
 def calibration_ids(config: Any, n: int = 16) -> list[int]:
@@ -100,7 +103,7 @@ class DeviceRunner:
 
     def __init__(self, config: Any, weights: dict[str, np.ndarray], device: Device,
                  max_context: int | None = None, adapter: Any = None, lora_rank: int | None = None,
-                 lora_targets: tuple[str, ...] | None = None):
+                 lora_targets: tuple[str, ...] | None = None, consume: bool = False):
         self.config = config
         self.cpu = build_model(config, weights)  # checks every weight; embed and head run on it
         self.cpu.set_adapter(adapter)  # the stream's range is measured with the adapter on
@@ -124,9 +127,17 @@ class DeviceRunner:
             # hashed once, now: the fp16 bytes were just written and are still in the CPU's
             # cache (~3x the hash's speed from memory: SmolLM2's 212 MB in ~12 ms, not ~35)
             self._blobs.append(LayerBlobs.of(layer) if self._store.enabled else None)
+            if consume:  # its float32 matrices go now, not after the last layer (peak memory)
+                prefix = layer_prefix(config.model_type, i)
+                for d in (self.cpu.weights, weights):
+                    for k in [k for k, a in d.items() if k.startswith(prefix) and np.ndim(a) >= 2]:
+                        del d[k]
         self.head = HalfMatrix(self.cpu.weights[self.cpu.head_name])
         self.rope = self.shapes[0].family.rotary
         self._keep_cpu_side()
+        if consume:  # what the CPU side no longer holds as it was (the float32 head) goes too
+            for k in [k for k, a in weights.items() if self.cpu.weights.get(k) is not a]:
+                del weights[k]
         if self.rope:
             self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.kernels: dict[tuple[str, int, int], Kernel] = {}  # (kind, layer, size), compiled on first use

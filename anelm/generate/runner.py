@@ -49,12 +49,14 @@ class Runner(Protocol):
 
 
 def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto",
-                max_context: int | None = None, profile: Any = None, adapter: Any = None) -> Runner:
+                max_context: int | None = None, profile: Any = None, adapter: Any = None,
+                consume: bool = False) -> Runner:
     """The device pipeline's runner (`anelm.generate.pipeline.build_runner`) when that module
     exists, else the CPU numpy reference; `runner.device` says which one was built.
     `max_context` caps the device pipeline's cache and program sizes; `profile` is the chip
     profile of the device (a ChipProfile; None: ANELM_PROFILE, else strict); `adapter` a LoRA
-    adapter (`anelm.models.adapters`) the runner starts with (`set_adapter` swaps it)."""
+    adapter (`anelm.models.adapters`) the runner starts with (`set_adapter` swaps it); `consume`:
+    the caller gives `weights` up, and the device runner empties it of what it converts."""
     name = f"{__package__}.pipeline"
     try:
         pipeline = importlib.import_module(name)
@@ -67,4 +69,4 @@ def make_runner(config: Any, weights: dict[str, np.ndarray], device: str = "auto
         model.set_adapter(adapter)
         return model
     extra = {} if adapter is None else {"adapter": adapter}  # a pipeline without adapters still serves the base
-    return pipeline.build_runner(config, weights, device, max_context, profile=profile, **extra)
+    return pipeline.build_runner(config, weights, device, max_context, profile=profile, consume=consume, **extra)

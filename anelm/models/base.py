@@ -18,10 +18,13 @@ from .names import model_weight
 
 
 def check_weights(weights: dict[str, np.ndarray], expected: dict[str, tuple[int, ...]],
-                  source: str = "weights") -> dict[str, np.ndarray]:
+                  source: str = "weights", consume: bool = False) -> dict[str, np.ndarray]:
     """Every expected key present with its shape; returns them as contiguous float32.
 
     Keys not in `expected` are dropped: checkpoints carry buffers and optimizer state.
+    `consume`: the caller gives `weights` up, and each key leaves it once converted, so a
+    tensor read from a file map is released as soon as its copy exists (a GPT-2 folder's
+    Conv1D matrices are transposed copies: holding every map to the end held the model twice).
     """
     missing = [k for k in expected if k not in weights]
     if missing:
@@ -31,6 +34,8 @@ def check_weights(weights: dict[str, np.ndarray], expected: dict[str, tuple[int,
         got = tuple(np.shape(weights[k]))
         if got != tuple(shape):
             raise LoadError(f"{source}: weight {k} has shape {got}, expected {tuple(shape)}")
+    if consume:
+        return {k: np.ascontiguousarray(weights.pop(k), dtype=np.float32) for k in expected}
     return {k: np.ascontiguousarray(weights[k], dtype=np.float32) for k in expected}
 
 

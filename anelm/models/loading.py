@@ -69,7 +69,8 @@ def load_model(path: str | os.PathLike, tokenizer: str | os.PathLike | None = No
     if p.is_dir() and (qc := quant_config(p)) is not None:  # anelm quantize's folder: int8 + scales
         raw, plan = unpack(raw, config, scheme_of(qc, str(p)), str(p))
     arch = architecture(config.model_type)
-    weights = check_weights(arch.sanitize(raw, config), arch.expected_shapes(config), str(p))
+    sane, raw = arch.sanitize(raw, config), None  # the sanitized dict alone holds the tensors now
+    weights = check_weights(sane, arch.expected_shapes(config), str(p), consume=True)
     if plan is not None:
         weights = QuantizedWeights(weights)
         weights.quant = plan

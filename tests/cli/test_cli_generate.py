@@ -83,7 +83,7 @@ def fake_pipeline(monkeypatch) -> list[tuple[str, int | None]]:
 
     calls = []
 
-    def build_runner(config, weights, device, max_context=None, profile=None):
+    def build_runner(config, weights, device, max_context=None, profile=None, consume=False):
         calls.append((device, max_context))
         runner = build_model(config, weights)
         runner.device = "emulator"
