@@ -47,6 +47,7 @@ from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
 
 BAD_REQUEST = 0x1d  # the status the hardware returns for a request it refuses
+_INSIDE: set[str] = set()  # weight keys found inside @model_path/ so far: a model's layers name the same blobs
 
 
 @dataclass(eq=False)
@@ -113,7 +114,10 @@ class Emulator(Device):
         # weights, `mil.blob.blob_backed`) cannot change under the plan, so they are not copied
         weights = {k: frozen(v) for k, v in (weights or {}).items()}
         for path in weights:
-            relative_path(path)  # a key outside @model_path/ is a bad blob reference
+            if path not in _INSIDE:
+                relative_path(path)  # a key outside @model_path/ is a bad blob reference
+                if len(_INSIDE) < 4096:
+                    _INSIDE.add(path)
         key = key or content_key(mil_text, weights, self.profile)
         store = None if self.profile.reload_reads_new_weights else kernel_store()
         # weights are read now; later rewrites of the folder change nothing unless the profile says

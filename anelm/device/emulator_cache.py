@@ -19,10 +19,9 @@ import pickle
 
 import numpy as np
 
-from ..caches import cache_dir
 from ..chip.profile import ChipProfile
 from ..mil.program import BlobRef, Literal, TensorType
-from .disk_cache import DiskCache
+from .disk_cache import DiskCache, store_in
 from .emulator_builder import finished_parts, replay_plan
 from .emulator_plan import Plan
 
@@ -38,7 +37,7 @@ class _Unpickler(pickle.Unpickler):
 
 def kernel_store() -> DiskCache:
     """The emulator's folder of the cache directory, bounded by `ANELM_KERNEL_CACHE_MB`."""
-    return DiskCache(cache_dir("kernels", "emulator"), FORMAT)
+    return store_in(("kernels", "emulator"), FORMAT)
 
 
 def dump_plan(plan: Plan, axes: dict[str, int] | None) -> bytes:
@@ -85,14 +84,32 @@ def _record(stored: list[tuple], types: dict[tuple, TensorType]) -> list[tuple]:
     return out
 
 
+# Per process, the entries met lately, decoded, with what their first replay made that no
+# weight changes (`emulator_builder.Shared`), by payload and profile: a model's layers are one
+# program text with other blobs, so their entries differ in key only, and each layer after the
+# first decodes nothing and makes only its weights' consts and steps (30 SmolLM2 layers: 56 ms
+# of loading to ~12). A profile (not hashable: it holds a dict) is told by identity, and kept
+# with the entry, so that another object given its id later is not taken for it.
+_MET: dict[tuple[bytes, int], list] = {}
+MET_MOST = 64  # entries of tens of kilobytes
+
+
 def load_plan(payload: bytes | None, weights: dict[str, bytes],
               profile: ChipProfile) -> tuple[Plan, dict[str, int] | None] | None:
     """The plan of a stored entry, with these weights, and its column axes; None when there is none to use."""
     if payload is None:
         return None
     try:
-        inputs, outputs, stored, axes, finished = _Unpickler(io.BytesIO(payload)).load()
-        return replay_plan([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), weights,
-                           profile, finished), axes
+        met = _MET.pop((payload, id(profile)), None)
+        if met is None or met[6] is not profile:
+            inputs, outputs, stored, axes, finished = _Unpickler(io.BytesIO(payload)).load()
+            met = [[(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), axes, finished, None,
+                   profile]
+        inputs, outputs, record, axes, finished, shared, _ = met
+        plan, met[5] = replay_plan(inputs, outputs, record, weights, profile, finished, shared)
     except Exception:  # noqa: BLE001 - an entry that does not replay is a miss: rebuilt and rewritten
         return None
+    while len(_MET) >= MET_MOST:
+        del _MET[next(iter(_MET))]  # the least recently met
+    _MET[payload, id(profile)] = met
+    return plan, axes
