@@ -124,7 +124,7 @@ class Emulator(Device):
         loaded = load_plan(store.get(key), weights, self.profile) if store is not None else None
         func = None
         if loaded is not None:
-            plan, axes = loaded
+            plan, columns = loaded
         else:
             charge_compile(self.profile.compile_budget)
             from ..mil.parser import parse  # noqa: PLC0415 - a cache hit never needs the parser
@@ -133,13 +133,14 @@ class Emulator(Device):
             check_function(func, self.profile, weights)
             plan = build_plan(func, weights, self.profile)
             axes = column_axes(plan)
+            columns = column_plan(plan, axes)
             if store is not None:
                 store.put(key, dump_plan(plan, axes))
         ins = bind_order([n for _, n in plan.inputs], self.profile, "inputs")
         outs = bind_order(list(plan.outputs), self.profile, "outputs")
         model = EmulatedModel(key, self._root / key[:40], func, plan, sorted(weights), _source=(mil_text, weights),
                               inputs=[(n, plan.types[n]) for n in ins], outputs=[(n, plan.types[n]) for n in outs],
-                              columns=column_plan(plan, axes))
+                              columns=columns)
         if self.profile.reload_reads_new_weights:
             model.folder  # noqa: B018 - every load plans from the folder: write it now, as compiled
         return model

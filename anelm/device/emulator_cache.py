@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import io
 import pickle
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..chip.profile import ChipProfile
 from ..mil.program import BlobRef, Literal, TensorType
 from .disk_cache import DiskCache, store_in
-from .emulator_builder import finished_parts, replay_plan
+from .emulator_builder import Shared, finished_parts, replay_plan
+from .emulator_columns import ColumnPlan, column_plan
 from .emulator_plan import Plan
 
 # the entry's layout: a change makes older entries misses, rebuilt and rewritten. 2: builtins only
@@ -84,32 +86,47 @@ def _record(stored: list[tuple], types: dict[tuple, TensorType]) -> list[tuple]:
     return out
 
 
-# Per process, the entries met lately, decoded, with what their first replay made that no
-# weight changes (`emulator_builder.Shared`), by payload and profile: a model's layers are one
-# program text with other blobs, so their entries differ in key only, and each layer after the
-# first decodes nothing and makes only its weights' consts and steps (30 SmolLM2 layers: 56 ms
-# of loading to ~12). A profile (not hashable: it holds a dict) is told by identity, and kept
-# with the entry, so that another object given its id later is not taken for it.
-_MET: dict[tuple[bytes, int], list] = {}
+@dataclass(eq=False)
+class _Met:
+    """An entry decoded, and what its last load made that the next load of it takes again."""
+
+    inputs: list[tuple[TensorType, str]]
+    outputs: list[str]
+    record: list[tuple]
+    axes: dict[str, int] | None
+    finished: tuple[list, list]
+    profile: ChipProfile
+    shared: Shared | None = None
+    columns: ColumnPlan | None = None
+
+
+# Per process, the entries met lately, decoded, with what their last replay made that no
+# weight changes (`emulator_builder.Shared`, and the column plan's steps), by payload and
+# profile: a model's layers are one program text with other blobs, so their entries differ in
+# key only, and each layer after the first decodes nothing and makes only its weights' consts
+# and steps (30 SmolLM2 prefill layers in a new process: ~65 ms of loading to ~14). A profile
+# (not hashable: it holds a dict) is told by identity, and kept with the entry, so another
+# object given its id later is not taken for it.
+_MET: dict[tuple[bytes, int], _Met] = {}
 MET_MOST = 64  # entries of tens of kilobytes
 
 
 def load_plan(payload: bytes | None, weights: dict[str, bytes],
-              profile: ChipProfile) -> tuple[Plan, dict[str, int] | None] | None:
-    """The plan of a stored entry, with these weights, and its column axes; None when there is none to use."""
+              profile: ChipProfile) -> tuple[Plan, ColumnPlan | None] | None:
+    """The plan of a stored entry, with these weights, and its column plan; None when there is none to use."""
     if payload is None:
         return None
     try:
         met = _MET.pop((payload, id(profile)), None)
-        if met is None or met[6] is not profile:
+        if met is None or met.profile is not profile:
             inputs, outputs, stored, axes, finished = _Unpickler(io.BytesIO(payload)).load()
-            met = [[(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), axes, finished, None,
-                   profile]
-        inputs, outputs, record, axes, finished, shared, _ = met
-        plan, met[5] = replay_plan(inputs, outputs, record, weights, profile, finished, shared)
+            met = _Met([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), axes, finished,
+                       profile)
+        plan, met.shared = replay_plan(met.inputs, met.outputs, met.record, weights, profile, met.finished, met.shared)
+        columns = met.columns = column_plan(plan, met.axes, met.columns)
     except Exception:  # noqa: BLE001 - an entry that does not replay is a miss: rebuilt and rewritten
         return None
     while len(_MET) >= MET_MOST:
         del _MET[next(iter(_MET))]  # the least recently met
     _MET[payload, id(profile)] = met
-    return plan, axes
+    return plan, columns

@@ -147,6 +147,8 @@ def test_layers_of_one_text_loaded_one_after_another_run_as_built(name, weights,
     monkeypatch.setattr(emulator_builder._Builder, "_replay_shared", lambda b, *a: shared.append(1) or real(b, *a))
     warms = [warm_compile(a, monkeypatch) for a in arts]
     assert len(shared) == 2  # the second and third layers
+    if warms[0].columns is not None:  # and their one-column plans bind the steps they share once
+        assert any(a is b for a, b in zip(warms[0].columns.bound.steps, warms[2].columns.bound.steps))
     x = _inputs(colds[0], np.random.default_rng(3))
     outputs = []
     for cold, warm in zip(colds, warms):
