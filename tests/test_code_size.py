@@ -18,7 +18,7 @@ MAX_MODULE_LINES = 400
 # conversions both ways, the parser's one-match statement, the ordered graph's skipped sort and
 # prefill's fp16 register tiles (18), the emulator's plans of one program text shared between its
 # layers' loads (18)
-MAX_PACKAGE_LINES = 24300
+MAX_PACKAGE_LINES = 24305
 
 
 def line_counts() -> dict[str, int]:

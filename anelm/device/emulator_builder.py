@@ -8,7 +8,7 @@ record of an earlier build (the on-disk kernel cache, `emulator_cache`), without
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -94,6 +94,8 @@ class _Builder:
             self.place_plain(*entry[:5]) if entry[5] else self.place(*entry[:5])
             step = p.steps[-1] if len(p.steps) > made else None
             kind = "plain" if entry[5] else "held" if step is not None and isinstance(step.fn, ResidentConv) else "place"
+            if kind != "plain":  # what Shared keeps holds no weight: a held step without its compute
+                step = replace(step, fn=None) if kind == "held" else None
             entries.append((kind, step, tuple(self.decoding)))
         self.decoding = None
         p = self.finish(finished)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,7 +98,7 @@ class _Met:
     finished: tuple[list, list]
     profile: ChipProfile
     shared: Shared | None = None
-    columns: ColumnPlan | None = None
+    columns: weakref.ref | None = None  # to the last load's ColumnPlan, which holds its weights: not kept alive
 
 
 # Per process, the entries met lately, decoded, with what their last replay made that no
@@ -123,7 +124,8 @@ def load_plan(payload: bytes | None, weights: dict[str, bytes],
             met = _Met([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), axes, finished,
                        profile)
         plan, met.shared = replay_plan(met.inputs, met.outputs, met.record, weights, profile, met.finished, met.shared)
-        columns = met.columns = column_plan(plan, met.axes, met.columns)
+        columns = column_plan(plan, met.axes, met.columns() if met.columns is not None else None)
+        met.columns = weakref.ref(columns) if columns is not None else None
     except Exception:  # noqa: BLE001 - an entry that does not replay is a miss: rebuilt and rewritten
         return None
     while len(_MET) >= MET_MOST:

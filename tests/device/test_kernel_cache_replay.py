@@ -11,8 +11,10 @@ derived instead of deriving it again. An entry of an older layout under the curr
 number, or one that names a class, is a miss, compiled cold and rewritten.
 """
 
+import gc
 import io
 import pickle
+import weakref
 
 import numpy as np
 import pytest
@@ -158,6 +160,27 @@ def test_layers_of_one_text_loaded_one_after_another_run_as_built(name, weights,
             same_runs(runs(warm, x, watch), want, weights == "overflowing" if watch else None)
         outputs.append(b"".join(a.tobytes() for a in want["whole"][0].values()))
     assert len(set(outputs)) == 3  # each layer's weights show in its outputs
+
+
+@pytest.mark.parametrize("name", ["decode-llama-gqa", "prefill-llama-gqa"])
+def test_what_a_process_keeps_of_its_loads_holds_no_layers_weights(name, monkeypatch):
+    """The decoded entries and what their loads share stay for the process; the weights they
+    were loaded with go with the models (here: arrays the blobs are read-only views of)."""
+    arts = [compile_graph(PROGRAMS[name](1.0, seed), PROFILE) for seed in (5, 6)]
+    for a in arts:
+        Emulator(PROFILE).compile(a.mil_text, a.weights)
+    emulator_cache._MET.clear()
+    owners = [{k: np.frombuffer(bytes(v), np.uint8) for k, v in a.weights.items()} for a in arts]
+    for arrays in owners:
+        for v in arrays.values():
+            v.flags.writeable = False
+    gone = [weakref.ref(v) for arrays in owners for v in arrays.values()]
+    models = [Emulator(PROFILE).compile(a.mil_text, {k: memoryview(v) for k, v in arrays.items()})
+              for a, arrays in zip(arts, owners)]
+    assert all(m.func is None for m in models)  # both loaded from the kernel cache, the second shared
+    del models, owners, arrays, v
+    gc.collect()
+    assert all(r() is None for r in gone)
 
 
 def test_an_entry_met_before_that_does_not_fit_the_weights_is_a_miss(monkeypatch):
