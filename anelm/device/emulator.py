@@ -47,6 +47,7 @@ from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
 
 BAD_REQUEST = 0x1d  # the status the hardware returns for a request it refuses
+_INSIDE: set[str] = set()  # weight keys found inside @model_path/ so far: a model's layers name the same blobs
 
 
 @dataclass(eq=False)
@@ -113,14 +114,17 @@ class Emulator(Device):
         # weights, `mil.blob.blob_backed`) cannot change under the plan, so they are not copied
         weights = {k: frozen(v) for k, v in (weights or {}).items()}
         for path in weights:
-            relative_path(path)  # a key outside @model_path/ is a bad blob reference
+            if path not in _INSIDE:
+                relative_path(path)  # a key outside @model_path/ is a bad blob reference
+                if len(_INSIDE) < 4096:
+                    _INSIDE.add(path)
         key = key or content_key(mil_text, weights, self.profile)
         store = None if self.profile.reload_reads_new_weights else kernel_store()
         # weights are read now; later rewrites of the folder change nothing unless the profile says
         loaded = load_plan(store.get(key), weights, self.profile) if store is not None else None
         func = None
         if loaded is not None:
-            plan, axes = loaded
+            plan, columns = loaded
         else:
             charge_compile(self.profile.compile_budget)
             from ..mil.parser import parse  # noqa: PLC0415 - a cache hit never needs the parser
@@ -129,13 +133,14 @@ class Emulator(Device):
             check_function(func, self.profile, weights)
             plan = build_plan(func, weights, self.profile)
             axes = column_axes(plan)
+            columns = column_plan(plan, axes)
             if store is not None:
                 store.put(key, dump_plan(plan, axes))
         ins = bind_order([n for _, n in plan.inputs], self.profile, "inputs")
         outs = bind_order(list(plan.outputs), self.profile, "outputs")
         model = EmulatedModel(key, self._root / key[:40], func, plan, sorted(weights), _source=(mil_text, weights),
                               inputs=[(n, plan.types[n]) for n in ins], outputs=[(n, plan.types[n]) for n in outs],
-                              columns=column_plan(plan, axes))
+                              columns=columns)
         if self.profile.reload_reads_new_weights:
             model.folder  # noqa: B018 - every load plans from the folder: write it now, as compiled
         return model

@@ -8,6 +8,7 @@ record of an earlier build (the on-disk kernel cache, `emulator_cache`), without
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -17,15 +18,32 @@ from ..chip.rejects import reject
 from ..errors import BlobError, CompileError, ShapeError
 from ..ir.ops import OP_TABLE, full_params, raw_compute
 from ..ir.ops_common import dims
+from ..mil.blob import decode_blob
 from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var
 from .emulator_accum import accumulated
 from .emulator_int8 import Int8State, drop_bypassed, note, rewrite
-from .emulator_matvec import ResidentWeight, resident_conv
+from .emulator_matvec import ResidentConv, ResidentWeight, resident_conv
 from .emulator_plan import (FLOAT_DTYPES, MOVEMENT_OPS, Plan, Step, finite_unchanged, unchanged,
                             make_checked_rounder, make_rounder, node_name, py_value)
 from .fp16 import round_fp16
 
 Resolver = Callable[[str], bytes]
+
+
+@dataclass
+class Shared:
+    """What a replay of one record makes that no weight changes, for the next plan replayed
+    from it (a model's layers: one program text, so one entry's record, with other blobs).
+    Nothing changes a Step or a plan's types once the plan is finished (column plans and int8
+    rewiring make new lists; `finish` assigns each step the same frees), so the plans share
+    them. Literal consts are shared as the runs of one plan share its consts."""
+
+    # per record entry: (what a replay does: "store" a blob, take a "literal", append a "plain"
+    # step, hold a conv's weight ("held": the step again with it) or "place" it; the step; the
+    # fp16 blob consts decoded for it)
+    entries: list[tuple[str, Step | None, tuple[str, ...]]]
+    types: dict[str, TensorType]
+    literals: dict[str, Any]  # the literal consts, as stored (rounded)
 
 
 class _Builder:
@@ -45,6 +63,7 @@ class _Builder:
         self.halves: dict[str, np.ndarray] = {}  # fp16 blob consts as blob views, not decoded yet
         self.rounders: dict[str, Callable] = {}  # by result dtype: one rounder for every step of the plan
         self.checkers: dict[str, Callable] = {}
+        self.decoding: list[str] | None = None  # the halves decoded while a replay places one entry
 
     def build(self, func: Function) -> Plan:
         for st in func.body:
@@ -54,14 +73,55 @@ class _Builder:
                 raise reject("returned_name", name, self.profile)
         return self.finish()
 
-    def replay(self, record: list[tuple], finished: tuple[list, list] | None = None) -> Plan:
+    def replay(self, record: list[tuple], finished: tuple[list, list] | None = None,
+               shared: Shared | None = None) -> tuple[Plan, Shared | None]:
         """The plan `build` made, from its record: no parse, name resolution or type checks.
-        `finished`: what `finish` found for it (`finished_parts`), so it is not found again."""
+        `finished`: what `finish` found for it (`finished_parts`), so it is not found again.
+        `shared`: what an earlier replay of the same record made that no weight changes,
+        reused as it is; else this replay's, returned with the plan (None when `finished`
+        did not fit, as then `finish` appends to the steps' frees)."""
+        if shared is not None:
+            return self._replay_shared(record, finished, shared), shared
+        p, entries, literals = self.plan, [], {}
         for entry in record:
+            made, self.decoding = len(p.steps), []
             if len(entry) == 2:
                 self.store(*entry)
-            elif entry[5]:
-                self.place_plain(*entry[:5])
+                if isinstance(entry[1], Literal):
+                    literals[entry[0]] = p.consts[entry[0]]
+                entries.append(("literal" if isinstance(entry[1], Literal) else "store", None, ()))
+                continue
+            self.place_plain(*entry[:5]) if entry[5] else self.place(*entry[:5])
+            step = p.steps[-1] if len(p.steps) > made else None
+            kind = "plain" if entry[5] else "held" if step is not None and isinstance(step.fn, ResidentConv) else "place"
+            if kind != "plain":  # what Shared keeps holds no weight: a held step without its compute
+                step = replace(step, fn=None) if kind == "held" else None
+            entries.append((kind, step, tuple(self.decoding)))
+        self.decoding = None
+        p = self.finish(finished)
+        fitted = finished is not None and len(finished[1]) == len(p.steps)
+        return p, Shared(entries, dict(p.types), literals) if fitted else None
+
+    def _replay_shared(self, record: list[tuple], finished: tuple[list, list], shared: Shared) -> Plan:
+        """`replay` with an earlier replay's plain steps, literal consts and types: only the
+        blob consts, the resident conv weights and the steps that fold or rewrite are made again."""
+        p, consts, halves, limit = self.plan, self.plan.consts, self.halves, self.profile.accumulator_limit
+        p.types = dict(shared.types)  # every name's type, known before the steps that read them
+        for entry, (kind, step, decodes) in zip(record, shared.entries):
+            for k in decodes:  # the fp16 blob consts the first replay decoded for this step
+                consts[k] = round_fp16(halves[k])
+            if kind == "plain":
+                p.steps.append(step)
+            elif kind == "store":
+                self.store(*entry)
+            elif kind == "literal":
+                consts[entry[0]] = shared.literals[entry[0]]
+            elif kind == "held":  # the step again, with this plan's weight held
+                wkey = dict(entry[2])["weight"]
+                if wkey not in self.resident:
+                    self.resident[wkey] = ResidentWeight(np.ascontiguousarray(consts.get(wkey, halves.get(wkey))))
+                fn = ResidentConv(self.resident[wkey], limit)
+                p.steps.append(Step(step.node, step.op, fn, step.tensors, step.params, step.outs, checked=step.checked))
             else:
                 self.place(*entry[:5])
         return self.finish(finished)
@@ -107,19 +167,18 @@ class _Builder:
         for k in (k for key in keys for k in (key if isinstance(key, list) else [key])):
             if k in self.halves and k not in self.plan.consts:
                 self.plan.consts[k] = round_fp16(self.halves[k])
+                if self.decoding is not None:
+                    self.decoding.append(k)
 
     def decode(self, ref: BlobRef) -> np.ndarray:
-        from ..mil.blob import decode_blob  # noqa: PLC0415 - sibling module, loaded on first blob
-
         data = self.blob_bytes(ref.path)
         try:
-            arr = decode_blob(data, ref.offset, ref.type.dtype, ref.type.shape or (), source=ref.path)
+            return decode_blob(data, ref.offset, ref.type.dtype, ref.type.shape or (), source=ref.path)
         except BlobError:
             raise
         except Exception as e:  # noqa: BLE001 - any decoding failure is a bad blob
             raise BlobError(f"{ref.path}: cannot read {ref.type.dtype} {list(dims(ref.type))} "
                             f"at offset {ref.offset}: {e}") from None
-        return np.asarray(arr)
 
     def blob_bytes(self, path: str) -> bytes:
         if path not in self.blobs:
@@ -298,9 +357,10 @@ def build_plan(func: Function, resolver: Resolver | dict[str, bytes], profile: C
 
 def replay_plan(inputs: list[tuple[TensorType, str]], outputs: list[str], record: list[tuple],
                 resolver: Resolver | dict[str, bytes], profile: ChipProfile,
-                finished: tuple[list, list] | None = None) -> Plan:
+                finished: tuple[list, list] | None = None, shared: Shared | None = None) -> tuple[Plan, Shared | None]:
     """`build_plan`'s plan again from its `Plan.record`, with the blobs `resolver` gives, and
-    `finished_parts` of it when they were kept."""
+    `finished_parts` of it when they were kept; with what `shared` holds of an earlier replay
+    of the same record under the same profile, and what it holds (`_Builder.replay`)."""
     if isinstance(resolver, dict):
         resolver = resolver.__getitem__
-    return _Builder(inputs, outputs, resolver, profile).replay(record, finished)
+    return _Builder(inputs, outputs, resolver, profile).replay(record, finished, shared)

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import io
 import pickle
+import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..caches import cache_dir
 from ..chip.profile import ChipProfile
 from ..mil.program import BlobRef, Literal, TensorType
-from .disk_cache import DiskCache
-from .emulator_builder import finished_parts, replay_plan
+from .disk_cache import DiskCache, store_in
+from .emulator_builder import Shared, finished_parts, replay_plan
+from .emulator_columns import ColumnPlan, column_plan
 from .emulator_plan import Plan
 
 # the entry's layout: a change makes older entries misses, rebuilt and rewritten. 2: builtins only
@@ -38,7 +40,7 @@ class _Unpickler(pickle.Unpickler):
 
 def kernel_store() -> DiskCache:
     """The emulator's folder of the cache directory, bounded by `ANELM_KERNEL_CACHE_MB`."""
-    return DiskCache(cache_dir("kernels", "emulator"), FORMAT)
+    return store_in(("kernels", "emulator"), FORMAT)
 
 
 def dump_plan(plan: Plan, axes: dict[str, int] | None) -> bytes:
@@ -85,14 +87,48 @@ def _record(stored: list[tuple], types: dict[tuple, TensorType]) -> list[tuple]:
     return out
 
 
+@dataclass(eq=False)
+class _Met:
+    """An entry decoded, and what its last load made that the next load of it takes again."""
+
+    inputs: list[tuple[TensorType, str]]
+    outputs: list[str]
+    record: list[tuple]
+    axes: dict[str, int] | None
+    finished: tuple[list, list]
+    profile: ChipProfile
+    shared: Shared | None = None
+    columns: weakref.ref | None = None  # to the last load's ColumnPlan, which holds its weights: not kept alive
+
+
+# Per process, the entries met lately, decoded, with what their last replay made that no
+# weight changes (`emulator_builder.Shared`, and the column plan's steps), by payload and
+# profile: a model's layers are one program text with other blobs, so their entries differ in
+# key only, and each layer after the first decodes nothing and makes only its weights' consts
+# and steps (30 SmolLM2 prefill layers in a new process: ~65 ms of loading to ~14). A profile
+# (not hashable: it holds a dict) is told by identity, and kept with the entry, so another
+# object given its id later is not taken for it.
+_MET: dict[tuple[bytes, int], _Met] = {}
+MET_MOST = 64  # entries of tens of kilobytes
+
+
 def load_plan(payload: bytes | None, weights: dict[str, bytes],
-              profile: ChipProfile) -> tuple[Plan, dict[str, int] | None] | None:
-    """The plan of a stored entry, with these weights, and its column axes; None when there is none to use."""
+              profile: ChipProfile) -> tuple[Plan, ColumnPlan | None] | None:
+    """The plan of a stored entry, with these weights, and its column plan; None when there is none to use."""
     if payload is None:
         return None
     try:
-        inputs, outputs, stored, axes, finished = _Unpickler(io.BytesIO(payload)).load()
-        return replay_plan([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), weights,
-                           profile, finished), axes
+        met = _MET.pop((payload, id(profile)), None)
+        if met is None or met.profile is not profile:
+            inputs, outputs, stored, axes, finished = _Unpickler(io.BytesIO(payload)).load()
+            met = _Met([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), axes, finished,
+                       profile)
+        plan, met.shared = replay_plan(met.inputs, met.outputs, met.record, weights, profile, met.finished, met.shared)
+        columns = column_plan(plan, met.axes, met.columns() if met.columns is not None else None)
+        met.columns = weakref.ref(columns) if columns is not None else None
     except Exception:  # noqa: BLE001 - an entry that does not replay is a miss: rebuilt and rewritten
         return None
+    while len(_MET) >= MET_MOST:
+        del _MET[next(iter(_MET))]  # the least recently met
+    _MET[payload, id(profile)] = met
+    return plan, columns

@@ -26,7 +26,7 @@ is far cheaper than one per column. A program that mixes columns runs its plan i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -202,15 +202,25 @@ def _narrowed(shape, axis: int) -> tuple[int, ...]:
     return tuple(1 if i == axis else d for i, d in enumerate(shape))
 
 
-def narrow_plan(plan: Plan, axes: dict[str, int]) -> Plan:
+def narrow_plan(plan: Plan, axes: dict[str, int], like: ColumnPlan | None = None) -> Plan:
     """The plan of one column: the same steps, consts and rounders, with every column-carrying
-    value one column wide and the reshape and slice params that name the width narrowed."""
-    types = dict(plan.types)
-    for name, axis in axes.items():
-        t = types[name]
-        types[name] = TensorType(t.dtype, _narrowed(t.shape, axis))
+    value one column wide and the reshape and slice params that name the width narrowed. `like`:
+    the column plan of a plan replayed from the same kernel-cache record (`column_plan`), whose
+    one-column steps are taken for the steps the two plans share, and its types (the same)."""
+    if like is not None:
+        types = like.one.types
+    else:
+        types = dict(plan.types)
+        for name, axis in axes.items():
+            t = types[name]
+            types[name] = TensorType(t.dtype, _narrowed(t.shape, axis))
     steps = []
-    for st in plan.steps:
+    earlier = zip(like.full_steps, like.one.steps) if like is not None and len(like.full_steps) == len(plan.steps) \
+        else [(None, None)] * len(plan.steps)
+    for st, (full, one) in zip(plan.steps, earlier):
+        if full is st:
+            steps.append(one)
+            continue
         out = st.outs[0][0]
         if out in axes and st.op in ("reshape", "slice_by_size", "slice_by_index"):
             params = dict(st.params)
@@ -234,6 +244,7 @@ class ColumnPlan:
     carried_inputs: frozenset[str]
     carried_outputs: frozenset[str]
     bound: BoundPlan | None = None  # `one` bound for its many small runs (emulator_steps)
+    full_steps: list[Step] = field(default_factory=list, repr=False)  # the full plan's, that `one` narrows
 
     def __post_init__(self):
         if self.bound is None:
@@ -261,13 +272,17 @@ class ColumnPlan:
         return results
 
 
-def column_plan(plan: Plan, axes: dict[str, int] | None) -> ColumnPlan | None:
+def column_plan(plan: Plan, axes: dict[str, int] | None, like: ColumnPlan | None = None) -> ColumnPlan | None:
     """The column-by-column evaluation of `plan`, or None when it must run in full. `axes` is
-    `column_axes(plan)`, found again or kept with the plan's kernel-cache entry."""
+    `column_axes(plan)`, found again or kept with the plan's kernel-cache entry. `like`: the
+    column plan of another plan replayed from the same record (a model's other layer), whose
+    one-column and bound steps serve again for the steps the plans share (`emulator_builder.Shared`)."""
     if axes is None:
         return None
     width = _shape(plan, plan.outputs[0])[-1]
     if width > COLUMN_BLOCK:
         return None
-    return ColumnPlan(width, narrow_plan(plan, axes), frozenset(n for _, n in plan.inputs if n in axes),
-                      frozenset(n for n in plan.outputs if n in axes))
+    one = narrow_plan(plan, axes, like)
+    return ColumnPlan(width, one, frozenset(n for _, n in plan.inputs if n in axes),
+                      frozenset(n for n in plan.outputs if n in axes),
+                      BoundPlan(one, like.bound if like is not None else None), list(plan.steps))

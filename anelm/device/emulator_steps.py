@@ -87,18 +87,22 @@ class _Bound:
 
 
 class BoundPlan:
-    """`plan` bound for repeated runs (module doc); `run` is `Plan.run`'s."""
+    """`plan` bound for repeated runs (module doc); `run` is `Plan.run`'s. `like`: the BoundPlan
+    of a plan of the same program text (a model's other layer, `emulator_columns.column_plan`):
+    a step the two plans share, in the same place and slots, is bound once for both."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, like: BoundPlan | None = None):
         self.plan = plan
         names = list(plan.consts) + [n for _, n in plan.inputs]
         names += [n for st in plan.steps for n, _ in st.outs]  # a name met again keeps its first slot
-        slot = {n: i for i, n in enumerate(dict.fromkeys(names))}
+        self.slot = slot = {n: i for i, n in enumerate(dict.fromkeys(names))}
         self.template: list[Any] = [None] * len(slot)
         for name, value in plan.consts.items():
             self.template[slot[name]] = value
         self.inputs = [(slot[n], n, plan.in_round[n]) for _, n in plan.inputs]
-        self.steps = [_Bound(st, plan, slot) for st in plan.steps]
+        earlier = like.steps if like is not None and like.slot == slot and len(like.steps) == len(plan.steps) \
+            else [None] * len(plan.steps)
+        self.steps = [b if b is not None and b.step is st else _Bound(st, plan, slot) for st, b in zip(plan.steps, earlier)]
         self.outputs = [(n, slot[n]) for n in plan.outputs]
 
     def run(self, inputs: dict[str, np.ndarray], exact: set[str] | frozenset = frozenset(),

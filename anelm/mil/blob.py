@@ -20,6 +20,7 @@ with several chunks (the `single_chunk_blobs_only` profile switch).
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import NamedTuple, Sequence
 
@@ -42,6 +43,7 @@ DTYPE_CODES = {
 }
 CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
 _BY_NUMPY = {np.dtype(NUMPY_DTYPES[k]): k for k in DTYPE_CODES if k in NUMPY_DTYPES}
+_STORED = {k: np.dtype(NUMPY_DTYPES[k]).newbyteorder("<") for k in DTYPE_CODES if k in NUMPY_DTYPES}  # as laid out
 
 
 class Chunk(NamedTuple):
@@ -64,7 +66,7 @@ def payload_size(dtype: str, count: int) -> int:
     _check_dtype(dtype)
     if dtype in SUBBYTE_BITS:
         return -(-count * SUBBYTE_BITS[dtype] // 8)
-    return count * np.dtype(NUMPY_DTYPES[dtype]).itemsize
+    return count * _STORED[dtype].itemsize
 
 
 # --------------------------------------------------------------------------- encoding
@@ -249,7 +251,7 @@ def decode_blob(data: bytes, offset: int, dtype: str, shape: Sequence[int] | Non
         found = CODE_DTYPES.get(code, "unknown")
         raise BlobError(f"{source}: dtype mismatch at offset {offset}: the MIL says {dtype} "
                         f"(code {DTYPE_CODES[dtype]}), the blob holds code {code} ({found})")
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(map(int, shape))
     want = payload_size(dtype, count)
     if size != want:
         raise BlobError(f"{source}: size mismatch at offset {offset}: {dtype}{list(shape)} needs "
@@ -257,7 +259,7 @@ def decode_blob(data: bytes, offset: int, dtype: str, shape: Sequence[int] | Non
     raw = memoryview(data)[data_at : data_at + size]
     if dtype in SUBBYTE_BITS:
         return _unpack_subbyte(bytes(raw), dtype, count).reshape(shape)
-    return np.frombuffer(raw, np.dtype(NUMPY_DTYPES[dtype]).newbyteorder("<")).reshape(shape)
+    return np.frombuffer(raw, _STORED[dtype]).reshape(shape)
 
 
 def blob_chunks(data: bytes, source: str = "blob") -> list[Chunk]:

@@ -11,14 +11,16 @@ derived instead of deriving it again. An entry of an older layout under the curr
 number, or one that names a class, is a miss, compiled cold and rewritten.
 """
 
+import gc
 import io
 import pickle
+import weakref
 
 import numpy as np
 import pytest
 
 from anelm.compiler.pipeline import compile_graph
-from anelm.device import base, emulator_builder
+from anelm.device import base, emulator_builder, emulator_cache
 from anelm.device.emulator import Emulator
 from anelm.device.emulator_cache import _Unpickler, kernel_store
 from anelm.device.emulator_columns import column_axes
@@ -41,26 +43,26 @@ def own_cache_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("ANELM_KERNEL_CACHE_MB", raising=False)
 
 
-def _layer(kind: str, factor: float, int8: bool = False):
+def _layer(kind: str, factor: float, int8: bool = False, seed: int = 5):
     s = layer_shape(CONFIGS[kind], 0)
-    p = layer_params(s, {k: v * factor for k, v in random_layer(CONFIGS[kind], seed=5).items()})
+    p = layer_params(s, {k: v * factor for k, v in random_layer(CONFIGS[kind], seed=seed).items()})
     if int8:  # the int8 linears of a quantized folder, biases kept in fp16
         p = {n: (qlinear(w, InputQuant()), b) if w.ndim == 2 else (w, b) for n, (w, b) in p.items()}
     return s, p
 
 
-def _prefill(kind: str, factor: float):
-    return prefill_layer(*_layer(kind, factor), 2 * W)
+def _prefill(kind: str, factor: float, seed: int = 5):
+    return prefill_layer(*_layer(kind, factor, seed=seed), 2 * W)
 
 
-def _decode(kind: str, factor: float, int8: bool = False):
-    s, p = _layer(kind, factor, int8)
+def _decode(kind: str, factor: float, int8: bool = False, seed: int = 5):
+    s, p = _layer(kind, factor, int8, seed)
     return decode_layer(s, p, 64, rope=s.family.rotary, name=f"decode_{kind}", columns=W)
 
 
-PROGRAMS = {f"prefill-{k}": (lambda f, k=k: _prefill(k, f)) for k in CONFIGS}
-PROGRAMS.update({f"decode-{k}": (lambda f, k=k: _decode(k, f)) for k in CONFIGS})
-PROGRAMS["decode-llama-int8"] = lambda f: _decode("llama-gqa", f, int8=True)
+PROGRAMS = {f"prefill-{k}": (lambda f, seed=5, k=k: _prefill(k, f, seed)) for k in CONFIGS}
+PROGRAMS.update({f"decode-{k}": (lambda f, seed=5, k=k: _decode(k, f, seed=seed)) for k in CONFIGS})
+PROGRAMS["decode-llama-int8"] = lambda f, seed=5: _decode("llama-gqa", f, int8=True, seed=seed)
 
 
 def cold_and_warm(graph, monkeypatch):
@@ -84,6 +86,20 @@ def warm_compile(art, monkeypatch):
         warm = Emulator(PROFILE).compile(art.mil_text, art.weights)
     assert base.compile_count() == before and warm.func is None  # loaded, not compiled
     return warm
+
+
+def same_runs(got, want, overflowing: bool | None = None) -> None:
+    """Two `runs` alike: every output the same bytes, the same first overflow; with
+    `overflowing`, the watch found something exactly when the weights are heavy."""
+    assert sorted(got) == sorted(want)
+    for way, (ref, ref_found) in want.items():
+        res, found = got[way]
+        assert sorted(res) == sorted(ref)
+        for k in ref:
+            assert res[k].dtype == ref[k].dtype and res[k].tobytes() == ref[k].tobytes(), (way, k)
+        assert found == ref_found, way
+        if overflowing is not None and found is not None:
+            assert bool(found) == overflowing, (way, found)
 
 
 def runs(model, x, watch: bool):
@@ -111,17 +127,77 @@ def test_a_replayed_plan_runs_bit_for_bit_the_built_one(name, weights, monkeypat
     assert structure(warm) == structure(cold)
     assert (warm.columns is None) == (cold.columns is None) == name.startswith("prefill")
     x = _inputs(cold, np.random.default_rng(1))
-    for watch in (False, True):
-        want, got = runs(cold, x, watch), runs(warm, x, watch)
-        assert sorted(got) == sorted(want)
-        for way, (ref, ref_found) in want.items():
-            res, found = got[way]
-            assert sorted(res) == sorted(ref)
-            for k in ref:
-                assert res[k].dtype == ref[k].dtype and res[k].tobytes() == ref[k].tobytes(), (way, k)
-            assert found == ref_found, way
-            if watch:  # the watch has something to find exactly when the weights are heavy
-                assert bool(found) == (weights == "overflowing"), (way, found)
+    for watch in (False, True):  # the watch has something to find exactly when the weights are heavy
+        same_runs(runs(warm, x, watch), runs(cold, x, watch), weights == "overflowing")
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("weights", sorted(WEIGHT_SCALES))
+def test_layers_of_one_text_loaded_one_after_another_run_as_built(name, weights, monkeypatch):
+    """A model's layers: one program text, other weights, so entries alike but for the key. The
+    first load decodes the entry and replays it in full; the next ones reuse what it made that no
+    weight changes (emulator_builder.Shared) and must still run each with its own weights, as
+    each layer's cold compile does, and unlike the other layers."""
+    arts = [compile_graph(PROGRAMS[name](WEIGHT_SCALES[weights], seed), PROFILE) for seed in (5, 6, 7)]
+    assert len({a.mil_text for a in arts}) == 1 and len({a.key(PROFILE) for a in arts}) == 3
+    colds = [Emulator(PROFILE).compile(a.mil_text, a.weights) for a in arts]
+    payloads = [kernel_store().get(a.key(PROFILE)) for a in arts]
+    assert payloads[0] == payloads[1] == payloads[2]
+    emulator_cache._MET.clear()  # as in a new process
+    shared = []
+    real = emulator_builder._Builder._replay_shared
+    monkeypatch.setattr(emulator_builder._Builder, "_replay_shared", lambda b, *a: shared.append(1) or real(b, *a))
+    warms = [warm_compile(a, monkeypatch) for a in arts]
+    assert len(shared) == 2  # the second and third layers
+    if warms[0].columns is not None:  # and their one-column plans bind the steps they share once
+        assert any(a is b for a, b in zip(warms[0].columns.bound.steps, warms[2].columns.bound.steps))
+    x = _inputs(colds[0], np.random.default_rng(3))
+    outputs = []
+    for cold, warm in zip(colds, warms):
+        assert structure(warm) == structure(cold)
+        for watch in (False, True):
+            want = runs(cold, x, watch)
+            same_runs(runs(warm, x, watch), want, weights == "overflowing" if watch else None)
+        outputs.append(b"".join(a.tobytes() for a in want["whole"][0].values()))
+    assert len(set(outputs)) == 3  # each layer's weights show in its outputs
+
+
+@pytest.mark.parametrize("name", ["decode-llama-gqa", "prefill-llama-gqa"])
+def test_what_a_process_keeps_of_its_loads_holds_no_layers_weights(name, monkeypatch):
+    """The decoded entries and what their loads share stay for the process; the weights they
+    were loaded with go with the models (here: arrays the blobs are read-only views of)."""
+    arts = [compile_graph(PROGRAMS[name](1.0, seed), PROFILE) for seed in (5, 6)]
+    for a in arts:
+        Emulator(PROFILE).compile(a.mil_text, a.weights)
+    emulator_cache._MET.clear()
+    owners = [{k: np.frombuffer(bytes(v), np.uint8) for k, v in a.weights.items()} for a in arts]
+    for arrays in owners:
+        for v in arrays.values():
+            v.flags.writeable = False
+    gone = [weakref.ref(v) for arrays in owners for v in arrays.values()]
+    models = [Emulator(PROFILE).compile(a.mil_text, {k: memoryview(v) for k, v in arrays.items()})
+              for a, arrays in zip(arts, owners)]
+    assert all(m.func is None for m in models)  # both loaded from the kernel cache, the second shared
+    del models, owners, arrays, v
+    gc.collect()
+    assert all(r() is None for r in gone)
+
+
+def test_an_entry_met_before_that_does_not_fit_the_weights_is_a_miss(monkeypatch):
+    """An entry decoded earlier in the process, planted under another program's key, whose
+    blobs it does not fit: a miss, compiled cold and rewritten, as it would be if never met."""
+    llama, gpt2 = (compile_graph(_decode(k, 1.0), PROFILE) for k in ("llama-gqa", "gpt2"))
+    Emulator(PROFILE).compile(llama.mil_text, llama.weights)
+    warm_compile(llama, monkeypatch)  # decoded and kept in this process
+    store, key = kernel_store(), gpt2.key(PROFILE)
+    planted = store.get(llama.key(PROFILE))
+    store.path(key).write_bytes(store.header(key, planted) + planted)
+    before = base.compile_count()
+    again = Emulator(PROFILE).compile(gpt2.mil_text, gpt2.weights)
+    assert base.compile_count() == before + 1 and store.get(key) != planted
+    cold = Emulator(PROFILE).compile(gpt2.mil_text, gpt2.weights)
+    x = _inputs(cold, np.random.default_rng(4))
+    same_runs(runs(again, x, True), runs(cold, x, True))
 
 
 def test_the_entry_keeps_the_column_axes_the_plan_has(monkeypatch):
