@@ -17,16 +17,26 @@ from typing import Any
 
 
 def cache_dir(*parts: str) -> Path:
-    """The cache folder (an absolute path, not created here), or a subfolder of it."""
-    own = os.environ.get("ANELM_CACHE_DIR")
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if own:
-        root = Path(own).expanduser()
-    elif xdg and Path(xdg).is_absolute():  # the XDG spec says to ignore a relative one
-        root = Path(xdg) / "anelm"
-    else:
-        root = Path.home() / ".cache" / "anelm"
-    return root.absolute().joinpath(*parts)
+    """The cache folder (an absolute path, not created here), or a subfolder of it. Remembered
+    by what it is made from (the paths cost ~30 us a call, and every program load asks)."""
+    env = os.environ
+    own, xdg = env.get("ANELM_CACHE_DIR"), env.get("XDG_CACHE_HOME")
+    at = (parts, own, xdg, env.get("HOME"), os.getcwd())  # HOME: Path.home(); the cwd: a relative path
+    found = _DIRS.get(at)
+    if found is None:
+        if own:
+            root = Path(own).expanduser()
+        elif xdg and Path(xdg).is_absolute():  # the XDG spec says to ignore a relative one
+            root = Path(xdg) / "anelm"
+        else:
+            root = Path.home() / ".cache" / "anelm"
+        if len(_DIRS) >= 64:
+            _DIRS.clear()  # a test suite's many folders
+        found = _DIRS[at] = root.absolute().joinpath(*parts)
+    return found
+
+
+_DIRS: dict[tuple, Path] = {}
 
 
 def send_numba_caches_here() -> None:

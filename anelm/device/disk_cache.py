@@ -24,7 +24,6 @@ import struct
 from pathlib import Path
 
 from ..atomic import atomic_open
-from ..caches import cache_dir
 from ..errors import AnelmError
 
 MAGIC = b"ANELMKC\x00"
@@ -55,7 +54,7 @@ _KNOWN: dict[Path, int] = {}
 
 
 class DiskCache:
-    """The store in one folder, for one entry format, within one bound (`store_in` finds it)."""
+    """The store in one folder, for one entry format, within one bound."""
 
     def __init__(self, root: str | os.PathLike, version: int, limit: int | None = None):
         self.root, self.version = Path(root), version
@@ -149,22 +148,3 @@ class DiskCache:
         if magic != MAGIC or version != self.version or stored_key != key.encode() or length != len(payload):
             return None
         return payload if hashlib.sha256(payload).digest() == digest else None
-
-
-# The stores made so far, by what `cache_dir` and `limit_bytes` read from the environment (a
-# store per call cost ~30 us of paths and lookups: a millisecond over a 30-layer model's loads)
-_MADE: dict[tuple, DiskCache] = {}
-
-
-def store_in(parts: tuple[str, ...], version: int) -> DiskCache:
-    """The DiskCache of `cache_dir(*parts)` for entries of format `version`, bounded by
-    `ANELM_KERNEL_CACHE_MB`, as the environment now says: made once per folder and bound."""
-    env = os.environ
-    at = (parts, version, env.get(ENV_LIMIT), env.get("ANELM_CACHE_DIR"), env.get("XDG_CACHE_HOME"),
-          env.get("HOME"), os.getcwd())
-    store = _MADE.get(at)
-    if store is None:
-        if len(_MADE) >= 64:
-            _MADE.clear()  # a test suite's many folders
-        store = _MADE[at] = DiskCache(cache_dir(*parts), version)
-    return store

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..caches import cache_dir
 from ..chip.profile import ChipProfile
 from ..mil.program import BlobRef, Literal, TensorType
-from .disk_cache import DiskCache, store_in
+from .disk_cache import DiskCache
 from .emulator_builder import Shared, finished_parts, replay_plan
 from .emulator_columns import ColumnPlan, column_plan
 from .emulator_plan import Plan
@@ -40,7 +41,7 @@ class _Unpickler(pickle.Unpickler):
 
 def kernel_store() -> DiskCache:
     """The emulator's folder of the cache directory, bounded by `ANELM_KERNEL_CACHE_MB`."""
-    return store_in(("kernels", "emulator"), FORMAT)
+    return DiskCache(cache_dir("kernels", "emulator"), FORMAT)
 
 
 def dump_plan(plan: Plan, axes: dict[str, int] | None) -> bytes:
