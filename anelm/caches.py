@@ -21,7 +21,11 @@ def cache_dir(*parts: str) -> Path:
     by what it is made from (the paths cost ~30 us a call, and every program load asks)."""
     env = os.environ
     own, xdg = env.get("ANELM_CACHE_DIR"), env.get("XDG_CACHE_HOME")
-    at = (parts, own, xdg, env.get("HOME"), os.getcwd())  # HOME: Path.home(); the cwd: a relative path
+    try:
+        cwd = os.getcwd()  # what a relative ANELM_CACHE_DIR is relative to
+    except OSError:
+        cwd = None  # the working folder was removed: an absolute root does not need it
+    at = (parts, own, xdg, env.get("HOME"), cwd)  # HOME: what Path.home() reads
     found = _DIRS.get(at)
     if found is None:
         if own:

@@ -42,3 +42,22 @@ def test_numba_caches_go_to_the_cache_dir_not_the_package(tmp_path):
     inside = [p for p in site.rglob("*") if p.suffix in (".nbi", ".nbc")]
     cached = [p for p in (tmp_path / "xdg" / "anelm" / "numba").rglob("*") if p.suffix in (".nbi", ".nbc")]
     assert inside == [] and {p.suffix for p in cached} == {".nbi", ".nbc"}
+
+
+def test_the_cache_folder_follows_the_environment_and_survives_a_removed_working_folder(tmp_path, monkeypatch):
+    import os
+
+    from anelm.caches import cache_dir
+
+    monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path / "a"))
+    assert cache_dir("kernels") == tmp_path / "a" / "kernels"
+    monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path / "b"))
+    assert cache_dir("kernels") == tmp_path / "b" / "kernels"  # remembered, but by what it is made from
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert cache_dir("kernels") == tmp_path / "b" / "kernels"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ANELM_CACHE_DIR", "rel")
+    assert cache_dir() == tmp_path / "rel" and os.path.isabs(cache_dir())
