@@ -124,14 +124,15 @@ class DeviceRunner:
             layer = {k: (_half(w), b) for k, (w, b) in
                      (plan_layer(quant, i, s, raw) if quant else layer_params(s, raw, half=True)).items()}
             self.layers.append(layer)
-            # hashed once, now: the fp16 bytes were just written and are still in the CPU's
-            # cache (~3x the hash's speed from memory: SmolLM2's 212 MB in ~12 ms, not ~35)
+            # hashed once per layer, as its weights are made (part of loading, not of the first
+            # program's compile: SmolLM2's 212 MB take ~25-37 ms), for its prefill and decode programs
             self._blobs.append(LayerBlobs.of(layer) if self._store.enabled else None)
-            if consume:  # its float32 matrices go now, not after the last layer (peak memory)
-                prefix = layer_prefix(config.model_type, i)
-                for d in (self.cpu.weights, weights):
-                    for k in [k for k, a in d.items() if k.startswith(prefix) and np.ndim(a) >= 2]:
-                        del d[k]
+            # the layer's float32 matrices go now, not after the last layer (the programs are
+            # built from `self.layers`); from the caller's dict too when it gives it up
+            prefix = layer_prefix(config.model_type, i)
+            for d in (self.cpu.weights, weights) if consume else (self.cpu.weights,):
+                for k in [k for k, a in d.items() if k.startswith(prefix) and np.ndim(a) >= 2]:
+                    del d[k]
         self.head = HalfMatrix(self.cpu.weights[self.cpu.head_name])
         self.rope = self.shapes[0].family.rotary
         self._keep_cpu_side()
@@ -175,18 +176,15 @@ class DeviceRunner:
         return self.head.times(self.cpu.final_norm(h))
 
     def _keep_cpu_side(self) -> None:
-        """Drop the CPU model's layer matrices (the programs are built from `self.layers`) and
-        its float32 head; the layers' vectors stay (norm gains and shifts: `set_adapter` folds
-        them into the adapter inputs, a few kilobytes per layer). A tied embedding is looked up in the fp16 head's rows when the row
+        """The CPU model's float32 head replaced by the fp16 one (its layer matrices went as
+        they were converted; the layers' vectors stay: norm gains and shifts, which `set_adapter`
+        folds into the adapter inputs, a few kilobytes per layer). A tied embedding is looked up in the fp16 head's rows when the row
         alone is the first layer's input (Llama, Qwen3: the kernel rounds it to fp16 anyway,
         after a power-of-two scale, so nothing changes); GPT-2 adds learned positions first,
         and rounding the row before that sum moved W8A8's activation bins measurably."""
-        prefixes = tuple(layer_prefix(self.config.model_type, i) for i in range(self.config.num_hidden_layers))
-        w = {k: v for k, v in self.cpu.weights.items() if not k.startswith(prefixes) or np.ndim(v) < 2}
         tied_positions = self.config.tie_word_embeddings and not self.rope
         if not tied_positions:
-            w[self.cpu.head_name] = self.head
-        self.cpu.weights = w
+            self.cpu.weights[self.cpu.head_name] = self.head
 
     def set_adapter(self, adapter: Any) -> None:
         """Run with LoRA `adapter` from now on (None: the base alone), restaging the kernels'
