@@ -22,7 +22,7 @@ from ..mil.blob import decode_blob
 from ..mil.program import BlobRef, Function, Literal, Statement, TensorType, Var
 from .emulator_accum import accumulated
 from .emulator_int8 import Int8State, drop_bypassed, note, rewrite
-from .emulator_matvec import ResidentConv, ResidentWeight, resident_conv
+from .emulator_matvec import ResidentConv, ResidentWeight, held_conv, resident_conv
 from .emulator_plan import (FLOAT_DTYPES, MOVEMENT_OPS, Plan, Step, finite_unchanged, unchanged,
                             make_checked_rounder, make_rounder, node_name, py_value)
 from .fp16 import round_fp16
@@ -108,8 +108,7 @@ class _Builder:
         p, consts, halves, limit = self.plan, self.plan.consts, self.halves, self.profile.accumulator_limit
         p.types = dict(shared.types)  # every name's type, known before the steps that read them
         for entry, (kind, step, decodes) in zip(record, shared.entries):
-            for k in decodes:  # the fp16 blob consts the first replay decoded for this step
-                consts[k] = round_fp16(halves[k])
+            self.decoded(decodes)  # the fp16 blob consts the first replay decoded for this step
             if kind == "plain":
                 p.steps.append(step)
             elif kind == "store":
@@ -118,9 +117,7 @@ class _Builder:
                 consts[entry[0]] = shared.literals[entry[0]]
             elif kind == "held":  # the step again, with this plan's weight held
                 wkey = dict(entry[2])["weight"]
-                if wkey not in self.resident:
-                    self.resident[wkey] = ResidentWeight(np.ascontiguousarray(consts.get(wkey, halves.get(wkey))))
-                fn = ResidentConv(self.resident[wkey], limit)
+                fn = held_conv(self.resident, wkey, consts.get(wkey, halves.get(wkey)), limit)
                 p.steps.append(Step(step.node, step.op, fn, step.tensors, step.params, step.outs, checked=step.checked))
             else:
                 self.place(*entry[:5])

@@ -330,9 +330,15 @@ def resident_conv(op: str, tensors: list, params: dict, consts: dict, dtype: str
     if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float16) or w.ndim not in (3, 4) \
             or any(d != 1 for d in w.shape[2:]) or not isinstance(xkey, str) or not _plain(params):
         return None
+    return held_conv(held, wkey, w, profile.accumulator_limit), [(k, v) for k, v in tensors if k != "weight"]
+
+
+def held_conv(held: dict[str, ResidentWeight], wkey: str, w: np.ndarray, limit: float | None) -> ResidentConv:
+    """The compute of a 1x1 conv on const `wkey` (values `w`: float32 or an fp16 blob view),
+    its ResidentWeight made once in `held` for every conv that reads it."""
     if wkey not in held:
         held[wkey] = ResidentWeight(np.ascontiguousarray(w))
-    return ResidentConv(held[wkey], profile.accumulator_limit), [(k, v) for k, v in tensors if k != "weight"]
+    return ResidentConv(held[wkey], limit)
 
 
 def _plain(p: dict[str, Any]) -> bool:
