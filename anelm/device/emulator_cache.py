@@ -23,6 +23,7 @@ import numpy as np
 
 from ..caches import cache_dir
 from ..chip.profile import ChipProfile
+from ..compiler.artifact import profile_identity
 from ..mil.program import BlobRef, Literal, TensorType
 from .disk_cache import DiskCache
 from .emulator_builder import Shared, finished_parts, replay_plan
@@ -97,7 +98,6 @@ class _Met:
     record: list[tuple]
     axes: dict[str, int] | None
     finished: tuple[list, list]
-    profile: ChipProfile
     shared: Shared | None = None
     columns: weakref.ref | None = None  # to the last load's ColumnPlan, which holds its weights: not kept alive
 
@@ -106,10 +106,9 @@ class _Met:
 # weight changes (`emulator_builder.Shared`, and the column plan's steps), by payload and
 # profile: a model's layers are one program text with other blobs, so their entries differ in
 # key only, and each layer after the first decodes nothing and makes only its weights' consts
-# and steps (30 SmolLM2 prefill layers in a new process: ~65 ms of loading to ~14). A profile
-# (not hashable: it holds a dict) is told by identity, and kept with the entry, so another
-# object given its id later is not taken for it.
-_MET: dict[tuple[bytes, int], _Met] = {}
+# and steps (30 SmolLM2 prefill layers in a new process: ~65 ms of loading to ~14). A profile is
+# told by its behaviours (`profile_identity`), what the plans made under it depend on.
+_MET: dict[tuple[bytes, str], _Met] = {}
 MET_MOST = 64  # entries of tens of kilobytes
 
 
@@ -119,11 +118,11 @@ def load_plan(payload: bytes | None, weights: dict[str, bytes],
     if payload is None:
         return None
     try:
-        met = _MET.pop((payload, id(profile)), None)
-        if met is None or met.profile is not profile:
+        at = (payload, profile_identity(profile))
+        met = _MET.pop(at, None)
+        if met is None:
             inputs, outputs, stored, axes, finished = _Unpickler(io.BytesIO(payload)).load()
-            met = _Met([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), axes, finished,
-                       profile)
+            met = _Met([(TensorType(d, s), n) for n, d, s in inputs], outputs, _record(stored, {}), axes, finished)
         plan, met.shared = replay_plan(met.inputs, met.outputs, met.record, weights, profile, met.finished, met.shared)
         columns = column_plan(plan, met.axes, met.columns() if met.columns is not None else None)
         met.columns = weakref.ref(columns) if columns is not None else None
@@ -131,5 +130,5 @@ def load_plan(payload: bytes | None, weights: dict[str, bytes],
         return None
     while len(_MET) >= MET_MOST:
         del _MET[next(iter(_MET))]  # the least recently met
-    _MET[payload, id(profile)] = met
+    _MET[at] = met
     return plan, columns
