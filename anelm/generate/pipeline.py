@@ -139,10 +139,16 @@ class DeviceRunner:
         if consume:  # what the CPU side no longer holds as it was (the float32 head) goes too
             for k in [k for k, a in weights.items() if self.cpu.weights.get(k) is not a]:
                 del weights[k]
+        # each layer's RoPE frequencies (Gemma's local and global layers differ), one array per distinct base
+        self.inv_freqs: list[np.ndarray | None] = [None] * n
         if self.rope:
-            self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+            bases: dict[str, np.ndarray] = {}
+            for i in range(n):
+                key = repr(config.rope(i))  # (base, scaling): what fixes the frequencies
+                self.inv_freqs[i] = bases.setdefault(key, rope_inv_freq(config.head_dim, *config.rope(i)))
         self.kernels: dict[tuple[str, int, int], Kernel] = {}  # (kind, layer, size), compiled on first use
         self._recipe: tuple | None = None  # (lora slots, the recipe parts every layer shares)
+        self._rope_digests: dict[int, str] = {}  # id of an inv_freq array -> its recipe part
         self.quantized = quant is not None
         self.lora_slots, self.lora_inputs = (), [{} for _ in range(n)]  # per layer: input name -> array
         if adapter is not None or lora_rank is not None or lora_targets is not None:
@@ -254,15 +260,13 @@ class DeviceRunner:
         x = np.zeros((1, d, 1, self.columns), np.float32)
         x[0, :, 0, 0] = self.cpu.embed(np.array([token]), np.array([pos]))[0] / self.stream_scale
         heads = (s.kv_heads, 1, s.head_dim, tier)
-        step = {"mask": decode_mask(pos, tier)}
-        if self.rope:
-            cos, sin = rope_full_tables(*rope_tables(np.array([pos]), self.inv_freq))  # [1, 1, Dh, 1]
-            pad = [(0, 0)] * 3 + [(0, self.columns - 1)]
-            step.update(cos=np.pad(cos, pad), sin=np.pad(sin, pad))  # -> [1, 1, Dh, W]
-        step = {name: round_fp16(a) for name, a in step.items()}  # rounded once for every layer
+        steps: dict[tuple, dict[str, np.ndarray]] = {}  # the step's inputs, made once per kind of layer
         for i in range(len(self.layers)):
+            kind = (self.shapes[i].window, id(self.inv_freqs[i]))
+            if kind not in steps:
+                steps[kind] = self._step_inputs(pos, tier, self.shapes[i].window, self.inv_freqs[i])
             req = cache.request(i, self._kernel("decode", i, tier), tier, heads)
-            for name, a in (step | self.lora_inputs[i]).items():  # fp16 values already
+            for name, a in (steps[kind] | self.lora_inputs[i]).items():  # fp16 values already
                 req.write(name, a, exact=True)
             req.write("x", x, exact=i > 0)
             out = req.run()
@@ -270,6 +274,15 @@ class DeviceRunner:
             x[..., 0] = out["y"][..., 0]  # column 0 goes on; the padding stays zeros
         cache.advance(1)
         return x[..., 0].reshape(1, d).astype(np.float32) * self.stream_scale  # [1, D, 1, W] -> [1, D]
+
+    def _step_inputs(self, pos: int, tier: int, window: int | None, inv_freq: np.ndarray | None) -> dict:
+        """A decode step's mask and RoPE inputs for layers of one window and RoPE base, as fp16."""
+        step = {"mask": decode_mask(pos, tier, window)}
+        if inv_freq is not None:
+            cos, sin = rope_full_tables(*rope_tables(np.array([pos]), inv_freq))  # [1, 1, Dh, 1]
+            pad = [(0, 0)] * 3 + [(0, self.columns - 1)]
+            step.update(cos=np.pad(cos, pad), sin=np.pad(sin, pad))  # -> [1, 1, Dh, W]
+        return {name: round_fp16(a) for name, a in step.items()}
 
     def _kernel(self, kind: str, i: int, size: int) -> Kernel:
         """The program of layer i for a prefill bucket or decode tier, compiled on first use;
@@ -291,7 +304,7 @@ class DeviceRunner:
 
         def build():
             if kind == "prefill":
-                rope = rope_full_tables(*rope_tables(np.arange(size), self.inv_freq)) if self.rope else None
+                rope = rope_full_tables(*rope_tables(np.arange(size), self.inv_freqs[i])) if self.rope else None
                 graph = prefill_layer(s, w, size, rope, name=name, lora=self.lora_slots)
             else:
                 graph = decode_layer(s, w, size, self.rope, name=name, columns=self.columns, lora=self.lora_slots)
@@ -301,16 +314,24 @@ class DeviceRunner:
         if blobs is None:  # no store, or int8 linears (a quantized folder): built every time
             return build()
         parts = {"kind": kind, "name": name, "size": size, "shape": repr(s), "family": type(s.family).__qualname__,
-                 **self._shared_recipe()}
+                 **self._shared_recipe(), "rope": self._rope_digest(i)}
         return find_or_build(self._store, recipe_key(parts, blobs), blobs, build, profile)
 
     def _shared_recipe(self) -> dict:
         """The recipe parts every layer's programs share, made once per set of adapter slots."""
         if self._recipe is None or self._recipe[0] is not self.lora_slots:
-            rope = f"{self.inv_freq.dtype.str}:{digest(np.ascontiguousarray(self.inv_freq))}" if self.rope else None
-            self._recipe = (self.lora_slots, {"lora": repr(self.lora_slots), "columns": self.columns, "rope": rope,
+            self._recipe = (self.lora_slots, {"lora": repr(self.lora_slots), "columns": self.columns,
                                               "profile": profile_identity(self.dev.profile)})
         return self._recipe[1]
+
+    def _rope_digest(self, i: int) -> str | None:
+        """The recipe part of layer i's RoPE frequencies, hashed once per distinct array."""
+        inv = self.inv_freqs[i]
+        if inv is None:
+            return None
+        if id(inv) not in self._rope_digests:
+            self._rope_digests[id(inv)] = f"{inv.dtype.str}:{digest(np.ascontiguousarray(inv))}"
+        return self._rope_digests[id(inv)]
 
 
 def _half(w):

@@ -19,12 +19,14 @@ from ..ir.graph import Value
 MASK_VALUE = -1e4
 
 
-def causal_mask(seq: int, keys: int | None = None, offset: int = 0) -> np.ndarray:
-    """[1, 1, S, T] additive mask: query i (at position offset+i) may see keys j ≤ offset+i."""
+def causal_mask(seq: int, keys: int | None = None, offset: int = 0, window: int | None = None) -> np.ndarray:
+    """[1, 1, S, T] additive mask: query i (at position offset+i) may see keys j ≤ offset+i, and
+    with a sliding `window` only those with j > offset+i − window (HF's rule)."""
     keys = seq if keys is None else keys
     q = np.arange(seq)[:, None] + offset
     k = np.arange(keys)[None, :]
-    return np.where(k <= q, 0.0, MASK_VALUE).astype(np.float32)[None, None]
+    seen = (k <= q) if window is None else (k <= q) & (k > q - window)
+    return np.where(seen, 0.0, MASK_VALUE).astype(np.float32)[None, None]
 
 
 def split_heads(b: GraphBuilder, x: Value, heads: int, groups: int, head_dim: int, name: str) -> Value:

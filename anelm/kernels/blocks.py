@@ -22,7 +22,7 @@ def decoder_layer(config, w: dict[str, np.ndarray], seq: int, index: int = 0, na
     s = layer_shape(config, index)
     rope = None
     if s.family.rotary:
-        inv = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        inv = rope_inv_freq(config.head_dim, *config.rope(index))
         rope = rope_full_tables(*rope_tables(np.arange(seq), inv))  # positions 0..S-1
     # the weights fold straight to fp16, the dtype their blobs hold: no float32 copy of the layer
     return prefill_layer(s, layer_params(s, w, half=True), seq, rope, name=name, kv_outputs=False)

@@ -82,8 +82,9 @@ def decode_layer(s: LayerShape, p: dict, capacity: int, rope: bool, name: str = 
     return b.build()
 
 
-def decode_mask(length: int, capacity: int) -> np.ndarray:
-    """[1, 1, 1, capacity]: positions below `length` hold past tokens, the rest are hidden."""
+def decode_mask(length: int, capacity: int, window: int | None = None) -> np.ndarray:
+    """[1, 1, 1, capacity]: positions below `length` hold past tokens, the rest are hidden; with
+    a sliding `window`, the token at `length` sees only the window − 1 positions before it."""
     m = np.full((1, 1, 1, capacity), MASK_VALUE, np.float16)
-    m[..., :length] = 0.0
+    m[..., max(0, length - window + 1) if window else 0:length] = 0.0
     return m

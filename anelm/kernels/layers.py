@@ -44,6 +44,7 @@ class LayerShape:
     eps: float
     scale: float  # attention score scale (`Family.attention_scale`)
     stream_scale: float = 1.0  # the kernels carry the residual stream divided by this (see stream_scale_for)
+    window: int | None = None  # a sliding window: the keys a query sees, itself included (Gemma's local layers)
 
     @property
     def groups(self) -> int:
@@ -57,8 +58,9 @@ class LayerShape:
 def layer_shape(config, index: int = 0) -> LayerShape:
     """The LayerShape of layer `index` of a model config (anelm.models.config)."""
     f = family_for(config.model_type)
+    window = config.window(index) if f.rotary else None  # GPT-2's config has no per-layer kinds
     return LayerShape(f, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                      config.head_dim, float(f.norm_eps(config)), f.attention_scale(config, index))
+                      config.head_dim, float(f.norm_eps(config)), f.attention_scale(config, index), window=window)
 
 
 STREAM_PEAK = 4096.0  # the largest stream value the kernels should carry (stream_scale_for)
@@ -124,6 +126,8 @@ def layer_params(s: LayerShape, w: dict[str, np.ndarray], half: bool = False) ->
             if n in f.stream_writers and s.stream_scale != 1.0:
                 pw, pb = pw / np.float32(s.stream_scale), None if pb is None else pb / np.float32(s.stream_scale)
             p[n] = (done(to_half(pw, out=new(pw.shape))) if half else pw, pb)
+    for n in f.post_norms:  # Gemma: these write the stream, so its scale goes into their gains
+        p[n] = (f.affine(w, n)[0] / np.float32(s.stream_scale), None)
     if q_scale is None:  # Qwen3: the scale goes after the q norm, into its gain
         p["q_norm"] = (f.affine(w, "q_norm")[0] * np.float32(s.scale), None)
         p["k_norm"] = (f.affine(w, "k_norm")[0], None)
@@ -197,11 +201,20 @@ def layer_front(b: GraphBuilder, s: LayerShape, p: dict, x: Value, rope: tuple[V
     return qh, kh, vh, kh, vh
 
 
+def post_norm(b: GraphBuilder, s: LayerShape, p: dict, y: Value, role: str) -> Value:
+    """A sub-block's output normed before the residual add, where the family has such a norm
+    (Gemma's): RMSNorm times the gain, which carries the stream's scale (`layer_params`)."""
+    if role not in p:
+        return y
+    gain = b.weight(f"{role}_w", np.reshape(p[role][0], (1, s.d, 1, 1)))
+    return b.mul(channel_norm(b, y, s.eps, False, f"{role}_n"), gain, name=role)
+
+
 def layer_back(b: GraphBuilder, s: LayerShape, p: dict, x: Value, attn: Value, lora: dict | None = None) -> Value:
     """Output projection and residual, then norm, MLP and residual: the next hidden state."""
-    x2 = b.add(x, _lin(b, attn, p, "o", lora), name="resid1")
+    x2 = b.add(x, post_norm(b, s, p, _lin(b, attn, p, "o", lora), "attn_post_norm"), name="resid1")
     m = s.family.mlp(b, stream_norm(b, s, x2, "mlp_norm"), lambda v, key: _lin(b, v, p, key, lora))
-    return b.add(x2, m, name="resid2")
+    return b.add(x2, post_norm(b, s, p, m, "mlp_post_norm"), name="resid2")
 
 
 def full_attention(b: GraphBuilder, s: LayerShape, qh: Value, kh: Value, vh: Value, mask: Value) -> Value:

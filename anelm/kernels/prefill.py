@@ -39,7 +39,7 @@ def prefill_layer(s: LayerShape, p: dict, seq: int, rope: tuple[np.ndarray, np.n
         tables = (b.const(rope[0], name="rope_cos", dtype="fp16", blob=True),
                   b.const(rope[1], name="rope_sin", dtype="fp16", blob=True))
     qh, kh, vh, k, v = layer_front(b, s, p, x, tables, adapter)
-    mask = b.const(causal_mask(seq), name="causal_mask", dtype="fp16", blob=True)  # [1,1,S,S]
+    mask = b.const(causal_mask(seq, window=s.window), name="causal_mask", dtype="fp16", blob=True)  # [1,1,S,S]
     y = layer_back(b, s, p, x, full_attention(b, s, qh, kh, vh, mask), adapter)
     if kv_outputs:
         b.output("k", k)

@@ -87,6 +87,7 @@ class LlamaConfig(BaseConfig):
     hidden_act: str = "silu"
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
+    ACTIVATIONS: ClassVar[tuple[str, ...]] = ("silu",)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
@@ -115,8 +116,8 @@ class LlamaConfig(BaseConfig):
             raise self._fail(f"head_dim must be even for RoPE, got {self.head_dim}")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise self._fail(f"rms_norm_eps and rope_theta must be > 0, got {self.rms_norm_eps}, {self.rope_theta}")
-        if self.hidden_act != "silu":
-            raise self._fail(f"hidden_act must be 'silu', got {self.hidden_act!r}")
+        if self.hidden_act not in self.ACTIVATIONS:
+            raise self._fail(f"hidden_act must be {' or '.join(map(repr, self.ACTIVATIONS))}, got {self.hidden_act!r}")
         self._check_rope_scaling()
 
     def _check_rope_scaling(self) -> None:
@@ -128,6 +129,14 @@ class LlamaConfig(BaseConfig):
         missing = [k for k in ROPE_TYPES[kind] if k not in self.rope_scaling]
         if missing:
             raise self._fail(f"rope_type {kind!r} needs {', '.join(missing)}")
+
+    def window(self, index: int) -> int | None:
+        """The sliding window of layer `index`, or None: every Llama layer attends to all."""
+        return None
+
+    def rope(self, index: int) -> tuple[float, dict | None]:
+        """(RoPE base, scaling) of layer `index`: the same for every Llama layer."""
+        return self.rope_theta, self.rope_scaling
 
     @property
     def rope_type(self) -> str:
@@ -203,9 +212,91 @@ class GPT2Config(BaseConfig):
     max_position_embeddings = property(lambda self: self.n_positions)
 
 
-ModelConfig = LlamaConfig | Qwen3Config | GPT2Config
+@dataclass(frozen=True)
+class Gemma3TextConfig(LlamaConfig):
+    """Gemma 3's text model: Llama's fields plus what Gemma adds to a layer (per-head q/k norms,
+    norms after attention and MLP with gains 1 + w, a gated GELU, embeddings times √hidden),
+    and per layer a kind: `sliding_attention` (a window of `sliding_window` keys, RoPE base
+    `rope_local_base_freq`) or `full_attention` (`rope_theta` with `rope_scaling`)."""
 
-CONFIGS: dict[str, type] = {"gpt2": GPT2Config, "llama": LlamaConfig, "qwen3": Qwen3Config}
+    model_type: ClassVar[str] = "gemma3_text"
+    architecture: ClassVar[str] = "Gemma3ForCausalLM"
+    vocab_size: int = 262208
+    hidden_size: int = 2304
+    intermediate_size: int = 9216
+    num_hidden_layers: int = 26
+    num_attention_heads: int = 8
+    num_key_value_heads: int | None = 4
+    head_dim: int | None = 256
+    hidden_act: str = "gelu_pytorch_tanh"
+    rope_theta: float = 1_000_000.0
+    rope_local_base_freq: float = 10_000.0
+    max_position_embeddings: int = 131072
+    tie_word_embeddings: bool = True
+    query_pre_attn_scalar: float = 256
+    sliding_window: int = 4096
+    layer_types: tuple[str, ...] | None = None  # None: five sliding layers, then a full one, repeated
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+    bos_token_id: int | None = 2
+    eos_token_id: int | list[int] | None = 1
+    ACTIVATIONS: ClassVar[tuple[str, ...]] = ("gelu_pytorch_tanh", "gelu_tanh")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Gemma3TextConfig":
+        d = dict(d)
+        if isinstance(d.get("text_config"), dict):  # a multimodal `gemma3` folder: its text model
+            d = {**d["text_config"], "tie_word_embeddings": d.get("tie_word_embeddings", True)}
+        d["hidden_act"] = d.get("hidden_activation", d.get("hidden_act", cls.hidden_act))
+        rp = d.get("rope_parameters")
+        if isinstance(rp, dict) and "full_attention" in rp:  # transformers 5: one per layer kind
+            local = rp.get("sliding_attention") or {}
+            d["rope_local_base_freq"] = local.get("rope_theta", cls.rope_local_base_freq)
+            d["rope_parameters"] = rp.get("full_attention")
+        if d.get("layer_types") is not None:
+            d["layer_types"] = tuple(d["layer_types"])
+        return super().from_dict(d)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.layer_types is None:
+            self._set("layer_types", tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                           for i in range(self.num_hidden_layers)))
+        kinds = set(self.layer_types)
+        if len(self.layer_types) != self.num_hidden_layers or not kinds <= {"full_attention", "sliding_attention"}:
+            raise self._fail(f"layer_types must name full_attention or sliding_attention for each of "
+                             f"{self.num_hidden_layers} layers, got {list(self.layer_types)}")
+        self._require_positive("sliding_window")
+        for k in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if getattr(self, k) is not None:
+                raise self._fail(f"{k} is not supported: expected null, as Gemma 3 has it")
+        if not self.query_pre_attn_scalar > 0 or not self.rope_local_base_freq > 0:
+            raise self._fail("query_pre_attn_scalar and rope_local_base_freq must be > 0")
+
+    def window(self, index: int) -> int | None:
+        """The sliding window of layer `index` (keys it sees, itself included), or None."""
+        return self.sliding_window if self.layer_types[index] == "sliding_attention" else None
+
+    def rope(self, index: int) -> tuple[float, dict | None]:
+        """(RoPE base, scaling) of layer `index`: local layers have their own base, unscaled."""
+        if self.layer_types[index] == "sliding_attention":
+            return self.rope_local_base_freq, None
+        return self.rope_theta, self.rope_scaling
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["hidden_activation"] = d.pop("hidden_act")
+        d["layer_types"] = list(self.layer_types)
+        full = d.pop("rope_parameters")
+        d["rope_parameters"] = {"full_attention": full, "sliding_attention": {
+            "rope_type": "default", "rope_theta": self.rope_local_base_freq}}
+        return d
+
+
+ModelConfig = LlamaConfig | Qwen3Config | GPT2Config | Gemma3TextConfig
+
+CONFIGS: dict[str, type] = {"gpt2": GPT2Config, "llama": LlamaConfig, "qwen3": Qwen3Config,
+                            "gemma3_text": Gemma3TextConfig, "gemma3": Gemma3TextConfig}
 
 
 def config_class(model_type: Any, source: str = "config") -> type:

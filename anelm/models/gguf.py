@@ -6,8 +6,11 @@ implements. What is ours is the translation to the HF checkpoint a converter sta
 - the tensor names: for each HF name the architecture expects, `gguf`'s tensor-name map says
   which GGUF tensor holds it, so no name table lives here; a GGUF tensor left over is an error
   rather than a silently dropped weight;
-- the layout: llama.cpp's converter permutes the q/k rows of llama-arch models for its
-  interleaved RoPE, undone here; GPT-2's projections go back to HF's Conv1D [in, out];
+- the layout: what llama.cpp's converter changed, each architecture undoes in its own
+  `gguf_weights` (Llama's q/k rows permuted for interleaved RoPE, Gemma's norm gains stored as
+  1 + w) and `unsanitize` (GPT-2's projections back to HF's Conv1D [in, out]); an architecture
+  names its GGUF `general.architecture` (`GGUF_ARCH`, `registry.py`) and reads its own metadata
+  where it differs from Llama's (`gguf_config`);
 - the tokenizer, from the `tokenizer.*` metadata (`tokenizer_gguf.py`).
 """
 
@@ -22,30 +25,32 @@ import numpy as np
 
 from .config import ModelConfig, config_from_dict
 from .errors import ConfigError, LoadError
-from .llama2c import qk_interleaved_to_half
 
-ARCHITECTURES = ("gpt2", "llama", "qwen3")  # GGUF `general.architecture` names = our model_type
 UNKNOWN_TYPE = re.compile(r"(\d+)\)? is not a valid GGMLQuantizationType")  # "np.uint32(99) is not..."
 
 
 def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray], Any]:
     """(config, float32 weights in the HF checkpoint's names and layout, tokenizer)."""
     from .loading import architecture
+    from .registry import gguf_architectures, model_type_of_gguf
     from .tokenizer_gguf import tokenizer_from_gguf
 
     path = Path(path)
     reader = _open(path)
     meta = {k: f.contents() for k, f in reader.fields.items()}
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise LoadError(f"{path}: unsupported GGUF architecture {arch!r}: expected one of {', '.join(ARCHITECTURES)}")
+    if model_type_of_gguf(arch) is None:
+        raise LoadError(f"{path}: unsupported GGUF architecture {arch!r}: expected one of "
+                        f"{', '.join(gguf_architectures())}")
     tensors = {t.name: t for t in reader.tensors}
     config = config_from_gguf(meta, tensors, path)
     module = architecture(config.model_type)
     names = _tensor_names(arch, config, module.expected_shapes(config), tensors, path)
     ours = {hf: _dequantize(tensors[g], path) for hf, g in names.items()}
-    if arch == "llama":  # llama.cpp permutes q/k for llama-arch only (Qwen, GPT-2 are stored as HF's)
-        qk_interleaved_to_half(ours, config)
+    # what llama.cpp's converter changed (Llama's q/k rows permuted, Gemma's norms stored as 1 + w)
+    fix = getattr(module, "gguf_weights", None)
+    if fix is not None:
+        ours = fix(ours, config)
     return config, module.unsanitize(ours, config), tokenizer_from_gguf(meta, str(path))
 
 
@@ -105,13 +110,14 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, Any], path: Path) 
     vocab = int(np.prod(tensors["token_embd.weight"].shape) // get("embedding_length"))
     tied = "output.weight" not in tensors  # llama.cpp writes no output tensor for a tied head
     ids = {k: meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos")}
-    if arch == "gpt2":
-        d = dict(n_embd=get("embedding_length"), n_layer=get("block_count"), n_head=get("attention.head_count"),
-                 n_positions=get("context_length"), n_inner=get("feed_forward_length"),
-                 layer_norm_epsilon=get("attention.layer_norm_epsilon"))
-    else:
-        d = _llama_config(arch, get, path)
-    d.update(model_type=arch, vocab_size=vocab, tie_word_embeddings=tied,
+    from .loading import architecture
+    from .registry import model_type_of_gguf
+
+    model_type = model_type_of_gguf(arch)
+    module = architecture(model_type)
+    # an architecture reads its own metadata where it differs from Llama's (GPT-2, Gemma 3)
+    d = module.gguf_config(arch, get, path) if hasattr(module, "gguf_config") else llama_config(arch, get, path)
+    d.update(model_type=model_type, vocab_size=vocab, tie_word_embeddings=tied,
              bos_token_id=ids["bos"], eos_token_id=ids["eos"])
     try:
         return config_from_dict(d, str(path))
@@ -119,7 +125,7 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, Any], path: Path) 
         raise LoadError(f"{path}: GGUF metadata describes a model we cannot run: {e}") from None
 
 
-def _llama_config(arch: str, get: Any, path: Path) -> dict[str, Any]:
+def llama_config(arch: str, get: Any, path: Path) -> dict[str, Any]:
     hidden, heads = get("embedding_length"), get("attention.head_count")
     kv = get("attention.head_count_kv", heads)
     head_dim = get("attention.key_length", hidden // heads)  # Qwen3 sets it apart from hidden / heads

@@ -16,6 +16,7 @@ from .config import GPT2Config
 from .layers import attention, gelu_tanh, layer_norm, linear, split_heads
 
 Config = GPT2Config
+GGUF_ARCH = "gpt2"  # llama.cpp's `general.architecture`
 CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # stored [in, out] by HF
 
 
@@ -32,6 +33,13 @@ def expected_shapes(c: GPT2Config) -> dict[str, tuple[int, ...]]:
     if not c.tie_word_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, d)
     return shapes
+
+
+def gguf_config(arch: str, get, path) -> dict:
+    """The config's fields from llama.cpp's `gpt2.*` metadata (`get(key)`)."""
+    return dict(n_embd=get("embedding_length"), n_layer=get("block_count"), n_head=get("attention.head_count"),
+                n_positions=get("context_length"), n_inner=get("feed_forward_length"),
+                layer_norm_epsilon=get("attention.layer_norm_epsilon"))
 
 
 def sanitize(weights: dict[str, np.ndarray], config: GPT2Config) -> dict[str, np.ndarray]:

@@ -102,10 +102,12 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 # --- attention -----------------------------------------------------------------------------
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float,
+              window: int | None = None) -> np.ndarray:
     """Causal attention of T new queries at positions start.. over S = start + T cached keys.
 
-    q [Hq, T, hd]; k, v [Hkv, S, hd]; query head h reads KV head h // (Hq // Hkv).
+    q [Hq, T, hd]; k, v [Hkv, S, hd]; query head h reads KV head h // (Hq // Hkv). `window`:
+    a sliding window, a query at position i sees the keys at i − window < j <= i (HF's rule).
     Returns [T, Hq*hd].
     """
     hq, t, hd = q.shape
@@ -113,6 +115,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: fl
     qg = q.reshape(hkv, hq // hkv, t, hd)  # [Hkv, rep, T, hd]: head h = g*rep + r
     scores = (qg @ k[:, None].transpose(0, 1, 3, 2)) * np.float32(scale)  # [Hkv, rep, T, S]
     future = np.arange(s)[None, :] > (start + np.arange(t))[:, None]  # [T, S]
+    if window is not None:
+        future |= np.arange(s)[None, :] <= (start + np.arange(t))[:, None] - window
     scores = np.where(future, np.float32(-np.inf), scores)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)

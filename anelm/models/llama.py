@@ -12,9 +12,11 @@ import numpy as np
 
 from .base import CausalLM
 from .config import LlamaConfig
+from .llama2c import qk_interleaved_to_half
 from .layers import apply_rope, attention, linear, rms_norm, rope_inv_freq, rope_tables, silu, split_heads
 
 Config = LlamaConfig
+GGUF_ARCH = "llama"  # llama.cpp's `general.architecture`
 
 
 def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -52,6 +54,11 @@ def sanitize(weights: dict[str, np.ndarray], config: LlamaConfig) -> dict[str, n
     if config.tie_word_embeddings:
         out.pop("lm_head.weight", None)
     return out
+
+
+def gguf_weights(weights: dict[str, np.ndarray], config: LlamaConfig) -> dict[str, np.ndarray]:
+    """llama.cpp's converter permutes q/k rows of llama-arch models for its interleaved RoPE: undone."""
+    return qk_interleaved_to_half(weights, config)
 
 
 def unsanitize(weights: dict[str, np.ndarray], config: LlamaConfig) -> dict[str, np.ndarray]:

@@ -10,8 +10,9 @@ names a layer's parts by *role* and asks here for the HF spelling:
     target_roles("gpt2", "c_proj")      -> ("o", "proj")   (LoRA targets, `adapters.py`)
     model_weight("llama", "embed")      -> "model.embed_tokens.weight"
 
-Roles: `attn_norm`, `mlp_norm` (the two norms of the stream), `q`, `k`, `v`, `o` (attention
-projections; GPT-2 fuses q, k, v into `qkv`), `q_norm`, `k_norm` (Qwen3's per-head norms),
+Roles: `attn_norm`, `mlp_norm` (the two norms of the stream), `attn_post_norm`,
+`mlp_post_norm` (Gemma's norms of the attention's and MLP's outputs), `q`, `k`, `v`, `o` (attention
+projections; GPT-2 fuses q, k, v into `qkv`), `q_norm`, `k_norm` (Qwen3's and Gemma's per-head norms),
 `gate`, `up`, `down` (SwiGLU) or `fc`, `proj` (GPT-2's MLP). Outside the layers: `embed` (the
 token embedding), `positions` (GPT-2's learned positions), `final_norm`, `head` (the output
 projection; absent when tied, the embedding serves).
@@ -31,22 +32,30 @@ MODULES = {
              "fc": "mlp.c_fc", "proj": "mlp.c_proj"},
     "llama": _LLAMA,
     "qwen3": {**_LLAMA, "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"},
+    "gemma3_text": {**_LLAMA, "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+                    "attn_post_norm": "post_attention_layernorm", "mlp_norm": "pre_feedforward_layernorm",
+                    "mlp_post_norm": "post_feedforward_layernorm"},
 }
-LAYER_PREFIX = {"gpt2": "transformer.h.{}.", "llama": "model.layers.{}.", "qwen3": "model.layers.{}."}
+LAYER_PREFIX = {"gpt2": "transformer.h.{}.", "llama": "model.layers.{}.", "qwen3": "model.layers.{}.",
+                "gemma3_text": "model.layers.{}."}
 # the projections (roles) LoRA may target, in data-flow order; a LoRA target is the last part
 # of the HF module path ("q_proj", "c_attn"), and GPT-2's "c_proj" names two roles (o, proj)
 PROJECTIONS = {"gpt2": ("qkv", "o", "fc", "proj"),
                "llama": ("q", "k", "v", "o", "gate", "up", "down"),
-               "qwen3": ("q", "k", "v", "o", "gate", "up", "down")}
-DEFAULT_TARGETS = {"gpt2": ("c_attn",), "llama": ("q_proj", "v_proj"), "qwen3": ("q_proj", "v_proj")}
+               "qwen3": ("q", "k", "v", "o", "gate", "up", "down"),
+               "gemma3_text": ("q", "k", "v", "o", "gate", "up", "down")}
+DEFAULT_TARGETS = {"gpt2": ("c_attn",), "llama": ("q_proj", "v_proj"), "qwen3": ("q_proj", "v_proj"),
+                   "gemma3_text": ("q_proj", "v_proj")}
 _LLAMA_ENDS = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight", "head": "lm_head.weight"}
 MODEL_WEIGHTS = {
     "gpt2": {"embed": "transformer.wte.weight", "positions": "transformer.wpe.weight",
              "final_norm": "transformer.ln_f.weight", "head": "lm_head.weight"},
     "llama": _LLAMA_ENDS,
     "qwen3": _LLAMA_ENDS,
+    "gemma3_text": _LLAMA_ENDS,
 }
-FAMILY = {"llama": "llama", "qwen3": "llama", "gpt2": "gpt2"}  # model_type -> the layer layout it shares
+# model_type -> the layer layout it shares
+FAMILY = {"llama": "llama", "qwen3": "llama", "gpt2": "gpt2", "gemma3_text": "gemma"}
 
 
 def family(model_type: str) -> str:

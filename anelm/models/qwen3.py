@@ -12,6 +12,7 @@ from .config import Qwen3Config
 from .layers import rms_norm
 
 Config = Qwen3Config
+GGUF_ARCH = "qwen3"  # stored as HF's: no q/k permutation to undo
 
 
 def expected_shapes(c: Qwen3Config) -> dict[str, tuple[int, ...]]:

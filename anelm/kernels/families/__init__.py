@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from ...models.names import family
 from .base import Family
+from .gemma import FAMILY as GEMMA
 from .gpt2 import FAMILY as GPT2
 from .llama import FAMILY as LLAMA
 
-FAMILIES = {f.name: f for f in (GPT2, LLAMA)}
+FAMILIES = {f.name: f for f in (GPT2, LLAMA, GEMMA)}
 
 
 def family_for(model_type: str) -> Family:

@@ -27,6 +27,7 @@ class Family(ABC):
     gated: ClassVar[bool] = True        # SwiGLU's gate and up projections; else one up projection
     mlp_inputs: ClassVar[tuple[str, ...]] = ()      # the kernel projections reading the MLP norm
     stream_writers: ClassVar[tuple[str, ...]] = ()  # ... and those writing into the residual stream
+    post_norms: ClassVar[tuple[str, ...]] = ()      # norms of the attention's and MLP's outputs (Gemma)
     projections: ClassVar[tuple[str, ...]] = ()     # the layer's linears by role (`linears`)
     slot_roles: ClassVar[MappingProxyType] = MappingProxyType({})  # kernel projection -> its roles, in row order
     part_roles: ClassVar[MappingProxyType] = MappingProxyType({})  # layer part -> training kernel roles in it
