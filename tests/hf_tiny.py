@@ -33,6 +33,15 @@ SPECS = {
     "qwen3-untied": ("Qwen3Config", "Qwen3ForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False,
                           rope_theta=1e6, **LLAMA)),
+    # a window shorter than the tests' texts, local and global RoPE bases of its own, a score
+    # scale that is not head_dim's, full attention on the third layer of four
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                    rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5000.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}},
+                    query_pre_attn_scalar=24, tie_word_embeddings=False, pad_token_id=0,
+                    **{**LLAMA, "num_hidden_layers": 4})),
 }
 
 

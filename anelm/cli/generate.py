@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"prompt_ids": res.prompt_ids, "ids": res.ids, "text": res.text,
                           "prefill_ms": round(res.prefill_ms, 3),
-                          "decode_tokens_per_s": round(res.decode_tokens_per_s, 3), "device": runner.device},
+                          "decode_tokens_per_s": round(res.decode_tokens_per_s, 3), "device": runner.device,
+                          "stream_scale": getattr(runner, "stream_scale", 1.0)},
                          ensure_ascii=False))
     else:
         stream("\n")

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     score = perplexity(runner, ids, seq)
     if args.json:
         print(json.dumps({"tokens": score.tokens, "windows": score.windows, "predictions": score.predictions,
-                          "nll": score.nll, "ppl": score.ppl, "argmax": score.argmax, "device": runner.device}))
+                          "nll": score.nll, "ppl": score.ppl, "argmax": score.argmax, "device": runner.device,
+                          "stream_scale": getattr(runner, "stream_scale", 1.0)}))
     else:
         print(f"perplexity {score.ppl:.4f} (nll {score.nll:.4f} nats over {score.predictions} predictions)")
     return 0

@@ -113,7 +113,7 @@ class DeviceRunner:
         self.columns = device.profile.spatial_multiple_of  # the decode token's padded width
         self.plan = plan_sizes(n, context, device.profile.compile_budget, self.columns)
         # the stream's range, measured once on the CPU reference, decides its scale on the device
-        self.stream_scale = stream_scale_for(self.cpu.stream_peak(calibration_ids(config)))
+        self.stream_scale = stream_scale_for(self.cpu.stream_peak(calibration_ids(config)), self.cpu.stream_bound())
         self.shapes = [replace(layer_shape(config, i), stream_scale=self.stream_scale) for i in range(n)]
         # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
         quant = getattr(weights, "quant", None)  # a quantized folder (models/quantized.py): int8 linears

@@ -134,6 +134,12 @@ class CausalLM:
             peak, x = max(peak, float(np.abs(y).max()), float(np.abs(y - x).max())), y
         return peak
 
+    def stream_bound(self) -> float | None:
+        """A bound on the residual stream that holds for every input, where the architecture
+        gives one from its weights (post-norm models); None here: a pre-norm stream grows by
+        what the o and down projections write, which only a measurement bounds in practice."""
+        return None
+
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         """Logits [T, V] of every position, from an empty cache."""
         return self.prefill(ids, self.new_cache())

@@ -126,6 +126,17 @@ class Model(llama.Model):
         self.writer_peak = max(self.writer_peak, float(np.abs(a).max()), float(np.abs(m).max()))
         return x + norm(m, w[p + "post_feedforward_layernorm.weight"], eps)
 
+    def stream_bound(self) -> float:
+        """Every layer adds two post-norm outputs, each at most √C times its largest gain (an
+        RMS-normalised vector has no entry above √C), to the scaled embedding."""
+        c, w = self.config, self.weights
+        root = math.sqrt(c.hidden_size)
+        bound = float(np.abs(w["model.embed_tokens.weight"]).max()) * float(self.embed_scale)
+        for i in range(c.num_hidden_layers):
+            for n in ("post_attention_layernorm", "post_feedforward_layernorm"):
+                bound += root * float(np.abs(np.float32(1.0) + w[f"model.layers.{i}.{n}.weight"]).max())
+        return bound
+
     def final_norm(self, x: np.ndarray) -> np.ndarray:
         return norm(x, self.weights["model.norm.weight"], self.config.rms_norm_eps)
 
