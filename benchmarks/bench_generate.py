@@ -35,6 +35,11 @@ tokenizer (GPT-2's vocabulary rebuilt from ../shared/data/tokenizers/gpt2-merges
 `anelm generate` can read the folder; both sides get the same prompt ids.
 
     python benchmarks/bench_generate.py --processes [--model PATH]
+
+With `--gemma3` the model is Gemma 3 270M (Q4_K_M GGUF, vocabulary 262,144; `gemma3.py`),
+assembled into anelm's cache folder (`models/`) on first use; both modes take it:
+
+    python benchmarks/bench_generate.py --gemma3 [--processes]
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=3, help="timed runs per side; the best is kept (default 3)")
     p.add_argument("--layers", type=int, default=12, help="decoder layers (default 12, GPT-2 124M)")
     p.add_argument("--model", help="a real model (HF folder or .gguf) for both sides instead of the GPT-2 shape")
+    p.add_argument("--gemma3", action="store_true",
+                   help="Gemma 3 270M (Q4_K_M GGUF, assembled into anelm's cache folder) as --model")
     p.add_argument("--text", help="prompt text (default: ../shared/data/text/apache-2.0.txt)")
     p.add_argument("--processes", action="store_true",
                    help="each round a new `anelm generate` process and a new HF process (figures as a user sees them)")
@@ -233,7 +240,7 @@ def processes(args) -> int:
 
     with tempfile.TemporaryDirectory(prefix="anelm-bench-") as tmp:
         if args.model:
-            path, what = args.model, args.model
+            path, what = args.model, (f"Gemma 3 270M, {args.model}" if args.gemma3 else args.model)
             tok = load_tokenizer(path) if Path(path).is_dir() else None
             if tok is None:
                 from anelm.models.loading import load_model
@@ -288,6 +295,10 @@ def main() -> int:
     set_threads(args.threads)
     if args.hf_child:
         return hf_child(*args.hf_child, args.tokens, args.threads)
+    if args.gemma3:
+        from gemma3 import gemma3_gguf  # benchmarks/gemma3.py, beside this script
+
+        args.model = str(gemma3_gguf())
     if args.processes:
         return processes(args)
     import numpy as np
@@ -306,6 +317,8 @@ def main() -> int:
         text = Path(args.text) if args.text else Path(__file__).resolve().parents[2] / "shared" / "data" / "text" / "apache-2.0.txt"
         prompt = tok.encode(text.read_text(encoding="utf-8"))[:args.prompt]
         what = f"{args.model}: {runner.config.num_hidden_layers} layers, {runner.config.hidden_size} wide"
+        if args.gemma3:
+            what = f"Gemma 3 270M, {what}, vocabulary {runner.config.vocab_size}"
     else:
         prompt = np.random.default_rng(0).integers(0, 50257, args.prompt).tolist()
         with tempfile.TemporaryDirectory(prefix="anelm-bench-") as folder:

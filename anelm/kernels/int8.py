@@ -41,8 +41,7 @@ import numpy as np
 
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
-from ..models.quantized import KERNEL_LINEARS, NORM_READERS, InputQuant, QuantPlan, quantize_rows
-from ..models.names import layer_prefix
+from ..models.quantized import InputQuant, QuantPlan, quantize_rows
 
 
 @dataclass(frozen=True)
@@ -91,28 +90,31 @@ def kernel_layer(p: dict, inputs: dict[str, InputQuant], gains: dict[str, np.nda
 
 
 def unfolded_params(shape, layer: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
-    """(`layer_params` with unit norm gains, {kernel linear: the gain its input needs})."""
+    """(`layer_params` with unit gains on the norms the linears read, {kernel linear: the gain its
+    input needs}). A gain is `gain_offset` + w (Gemma stores w and applies 1 + w), so the unit gain
+    is w = 1 - offset: ones would give Gemma a gain of 2. Only those norms: the others are
+    elementwise in the graph, not folded into a linear (Gemma's post-norms, whose gains carry the
+    stream scale as `layer_params` makes them; the q/k norms)."""
     from .layers import layer_params  # noqa: PLC0415 - layers imports this module
 
-    unit = dict(layer)
-    gains = {}
-    for norm, readers in NORM_READERS[shape.family.name].items():
-        g = layer[norm + ".weight"]
-        unit[norm + ".weight"] = np.ones_like(g)
-        gains.update({r: np.asarray(g, np.float32) for r in readers})
+    f, unit, gains = shape.family, dict(layer), {}
+    for key in f.slot_roles:
+        norm = f.reads_norm(key)
+        if norm is not None:
+            gains[key] = np.asarray(f.affine(layer, norm)[0], np.float32)
+            name = f.modules[norm] + ".weight"
+            unit[name] = np.full_like(layer[name], 1.0 - f.gain_offset)  # exact: 1 or 0
     return layer_params(shape, unit), gains
 
 
 def plan_layer(plan: QuantPlan, i: int, shape, layer: dict[str, np.ndarray]) -> dict:
     """Layer i's kernel params (`layer_params` form, HF names inside the layer in `layer`)
     with its linears as QLinear and the norm gains on their inputs."""
-    fam = shape.family.name
-    pre = layer_prefix(fam, i)
-    per = {}
-    for key, parts in KERNEL_LINEARS[fam].items():
-        first = plan.inputs[pre + parts[0]]  # one input: one scale and one set of outliers
-        shift = max(plan.inputs[pre + n].shift for n in parts)  # one conv: one shift
-        per[key] = InputQuant(shift, first.act_scale, first.keep)
+    f, inputs, per = shape.family, plan.layer(i), {}
+    for key, roles in f.slot_roles.items():  # kernel linear -> the HF linears in its rows (q, k, v)
+        parts = [inputs[f.modules[r]] for r in roles]
+        shift = max(p.shift for p in parts)  # one conv: one shift
+        per[key] = InputQuant(shift, parts[0].act_scale, parts[0].keep)  # one input: one scale, one set of outliers
     p, gains = unfolded_params(shape, layer)
     return kernel_layer(p, per, gains)
 

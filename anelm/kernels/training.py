@@ -5,7 +5,7 @@ Per layer (issue 4; the split of maderix-ane-facts §5.1, with HF semantics and 
     forward   qkv        xn                  -> q, k, v        (linear, weights Wqᵀ Wkᵀ Wvᵀ)
               sdpa_fwd   qr, kr, v           -> attn           (causal attention, no weights)
               wo         attn                -> o              (Woᵀ)
-              ffn_up     x2n                 -> gate, h1, h3   (W1ᵀ W3ᵀ, gate = silu(h1)·h3)
+              ffn_up     x2n                 -> gate, h1, h3   (W1ᵀ W3ᵀ, gate = act(h1)·h3)
               ffn_down   gate                -> f              (W2ᵀ)
     backward  ffn_down_dx dy                 -> dgate          (W2)
               ffn_up_dx  dh1, dh3            -> dx             (W1, W3: W1ᵀdh1 + W3ᵀdh3)
@@ -77,6 +77,9 @@ class Dims:
     # every packed input's width rounds up to this (the profile's spatial_multiple_of, §2.10):
     # the extra columns come after every block, and no kernel reads them
     width_multiple: int = 1
+    act: str = "silu"  # the gate's activation in ffn_up: "silu" or "gelu_tanh" (Gemma)
+    attn_scale: float | None = None  # the score scale; None: 1/√hd
+    window: int | None = None  # a sliding window of keys (Gemma's local layers); None: all before
 
     @property
     def q(self) -> int:
@@ -86,10 +89,15 @@ class Dims:
     def kv(self) -> int:
         return self.hkv * self.hd
 
+    @property
+    def scale(self) -> float:
+        return 1.0 / (self.hd ** 0.5) if self.attn_scale is None else self.attn_scale
+
     @classmethod
     def from_config(cls, cfg, seq_len: int) -> "Dims":
-        return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                   cfg.num_key_value_heads, cfg.head_dim, int(seq_len), family_for(cfg.model_type).gated)
+        f = family_for(cfg.model_type)
+        return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                   cfg.head_dim, int(seq_len), f.gated, act=f.activation, attn_scale=f.attention_scale(cfg, 0))
 
 
 
@@ -325,8 +333,10 @@ def _ffn_up(k: KernelContext) -> dict[str, Value]:
     if not k.m.gated:
         return {"h1": k.lin("x2n", "w1")}
     h1, h3 = k.lin("x2n", "w1"), k.lin("x2n", "w3")
-    # silu as x·sigmoid(x) (CONTRACTS §2 conservative form)
-    act = b.mul(h1, b.sigmoid(h1, name="h1_sig"), name="h1_silu")
+    if k.m.act == "gelu_tanh":  # Gemma: GELU as x·sigmoid(2u) (strict rejects `gelu`)
+        act = b.gelu_tanh(h1, name="h1_gelu", as_sigmoid=True)
+    else:  # silu as x·sigmoid(x) (CONTRACTS §2 conservative form)
+        act = b.mul(h1, b.sigmoid(h1, name="h1_sig"), name="h1_silu")
     return {"gate": b.mul(act, h3, name="swiglu"), "h1": h1, "h3": h3}
 
 

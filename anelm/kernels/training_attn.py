@@ -8,15 +8,13 @@ after RoPE (RoPE and its inverse stay on the CPU).
 
 With P the probabilities `[Hkv, G, S_q, S_k]`, dO the attention-output gradient `[.., hd, S_q]`:
     dP  = dOᵀ·V                          dV = Σ_G dO·P
-    dS  = P ∘ (dP − rowsum(P ∘ dP)) / √hd
+    dS  = P ∘ (dP − rowsum(P ∘ dP)) · scale      (scale 1/√hd, or the family's: Gemma's)
     dQ  = K·dSᵀ                          dK = Σ_G Q·dS
 P is recomputed from q and k rather than carried over from the forward: it is S² per head,
 far larger than q and k, and recomputing costs one matmul and a softmax.
 """
 
 from __future__ import annotations
-
-import math
 
 from ..ir.graph import Value
 from .attention import causal_mask, split_heads
@@ -29,11 +27,11 @@ def _heads(k, name: str, groups: int) -> Value:
 
 
 def _probs(k, qh: Value, kh: Value) -> Value:
-    """softmax(qᵀk/√hd + mask) over keys: `[Hkv, G, S, S]`."""
+    """softmax(qᵀk·scale + mask) over keys: `[Hkv, G, S, S]` (causal, within the window if any)."""
     b, m = k.b, k.m
     sc = b.matmul(qh, kh, transpose_x=True, name="scores")            # [Hkv, G, S_q, S_k]
-    scaled = b.mul(sc, 1.0 / math.sqrt(m.hd), name="scaled")
-    mask = b.const(causal_mask(m.s), name="mask", dtype="fp16", blob=True)  # [1, 1, S, S]
+    scaled = b.mul(sc, m.scale, name="scaled")
+    mask = b.const(causal_mask(m.s, window=m.window), name="mask", dtype="fp16", blob=True)  # [1, 1, S, S]
     return b.softmax(b.add(scaled, mask, name="masked"), axis=-1, name="probs")
 
 
@@ -60,7 +58,7 @@ def sdpa_bwd(k) -> dict[str, Value]:
     dv = b.reduce_sum(b.matmul(do, p, name="dv_g"), axes=[1], name="dv_sum")  # [Hkv, 1, hd, S_k]
     rowdot = b.reduce_sum(b.mul(p, dp, name="pdp"), axes=[3], name="rowdot")  # [Hkv, G, S_q, 1]
     centered = b.sub(dp, rowdot, name="dp_c")
-    ds = b.mul(b.mul(p, centered, name="ds_raw"), 1.0 / math.sqrt(m.hd), name="ds")
+    ds = b.mul(b.mul(p, centered, name="ds_raw"), m.scale, name="ds")
     dq = b.matmul(kh, ds, transpose_y=True, name="dq_h")               # [Hkv, G, hd, S_q]
     dk = b.reduce_sum(b.matmul(qh, ds, name="dk_g"), axes=[1], name="dk_sum")  # [Hkv, 1, hd, S_k]
     return {"dk": _flat(k, dk, m.kv, "dk_out"), "dq": _flat(k, dq, m.q, "dq_out"),

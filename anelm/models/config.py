@@ -202,6 +202,10 @@ class GPT2Config(BaseConfig):
         if not self.layer_norm_epsilon > 0:
             raise self._fail(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon}")
 
+    def window(self, index: int) -> int | None:
+        """Every GPT-2 layer attends to all the keys before it."""
+        return None
+
     # The Llama names, so code that sizes caches and kernels reads one vocabulary.
     hidden_size = property(lambda self: self.n_embd)
     num_hidden_layers = property(lambda self: self.n_layer)

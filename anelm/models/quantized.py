@@ -40,21 +40,12 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
-from .names import FAMILY, layer_prefix
+from .names import FAMILY, PROJECTIONS, layer_prefix, module_name
 
 METHOD = "anelm"
 SCHEMES = ("w8", "w8a8")
 QMAX = 127  # symmetric: -128 is never used, so negating a row never overflows
 
-# per model type: kernel linear (kernels/layers.layer_params) -> the HF linears it is made of
-KERNEL_LINEARS = {
-    "llama": {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
-              "gate": ("mlp.gate_proj",), "up": ("mlp.up_proj",), "down": ("mlp.down_proj",)},
-    "gpt2": {"qkv": ("attn.c_attn",), "o": ("attn.c_proj",), "fc": ("mlp.c_fc",), "proj": ("mlp.c_proj",)},
-}
-# ... and each norm (HF name inside a layer) with the kernel linears that read its output
-NORM_READERS = {"llama": {"input_layernorm": ("qkv",), "post_attention_layernorm": ("gate", "up")},
-                "gpt2": {"ln_1": ("qkv",), "ln_2": ("fc",)}}
 SUPPORTED = tuple(FAMILY)
 
 
@@ -97,22 +88,11 @@ def check_supported(config) -> None:
 
 
 def linear_names(config) -> list[str]:
-    """Every int8 linear of the model, by HF name, layer by layer."""
-    lin = KERNEL_LINEARS[family(config.model_type)]
-    return [layer_prefix(config.model_type, i) + n for i in range(config.num_hidden_layers)
-            for parts in lin.values() for n in parts]
-
-
-def norm_shifts(config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """{HF linear: the norm shift s its CPU input carries and its int8 input does not} (GPT-2)."""
-    fam, out = family(config.model_type), {}
-    for i in range(config.num_hidden_layers):
-        pre = layer_prefix(config.model_type, i)
-        for norm, readers in NORM_READERS[fam].items():
-            s = weights.get(pre + norm + ".bias")
-            if s is not None:
-                out.update({pre + n: np.asarray(s, np.float32) for r in readers for n in KERNEL_LINEARS[fam][r]})
-    return out
+    """Every int8 linear of the model, by HF module name, layer by layer: all its projections
+    (`names.PROJECTIONS`; the device fuses q, k and v into one conv, `kernels/int8.plan_layer`)."""
+    family(config.model_type)
+    return [module_name(config.model_type, i, role) for i in range(config.num_hidden_layers)
+            for role in PROJECTIONS[config.model_type]]
 
 
 def quant_config(path: Path) -> dict | None:
@@ -144,6 +124,13 @@ class QuantizedWeights(dict):
 class QuantPlan:
     scheme: str
     inputs: dict[str, InputQuant]  # HF linear name -> its input's decisions
+    model_type: str  # whose layer prefix the names carry
+
+    def layer(self, i: int) -> dict[str, InputQuant]:
+        """Layer i's decisions by the module names inside the layer (`self_attn.q_proj`), as the
+        kernels, which know a layer's parts by role and not the model type's prefix, look them up."""
+        pre = layer_prefix(self.model_type, i)
+        return {k[len(pre):]: v for k, v in self.inputs.items() if k.startswith(pre)}
 
 
 def pack(config, weights: dict[str, np.ndarray], qs: dict, plan: QuantPlan) -> dict[str, np.ndarray]:
@@ -189,7 +176,7 @@ def unpack(raw: dict[str, np.ndarray], config, scheme: str, source: str) -> tupl
 
     # the folder holds every linear [out, in], ours; the reader sanitizes from the checkpoint's
     # orientation (GPT-2's Conv1D [in, out]), as for any HF folder
-    return architecture(config.model_type).unsanitize(out, config), QuantPlan(scheme, inputs)
+    return architecture(config.model_type).unsanitize(out, config), QuantPlan(scheme, inputs, config.model_type)
 
 
 def scheme_of(qc: dict, source: str) -> str:

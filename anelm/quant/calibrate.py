@@ -14,9 +14,23 @@ from typing import Sequence
 
 import numpy as np
 
+from ..kernels.families import family_for
 from ..models.loading import build_model
-from ..models.names import layer_prefix
-from ..models.quantized import norm_shifts
+from ..models.names import layer_prefix, layer_weights, module_name
+
+
+def norm_shifts(config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """{HF linear: the norm shift s its CPU input carries and its int8 input does not}: LayerNorm's
+    (GPT-2), which the kernels fold into the bias (`kernels/int8.py`); RMSNorm has none."""
+    f, out = family_for(config.model_type), {}
+    for i in range(config.num_hidden_layers):
+        layer = layer_weights(config, weights, i)
+        for key, roles in f.slot_roles.items():
+            norm = f.reads_norm(key)
+            shift = None if norm is None else f.affine(layer, norm)[1]
+            if shift is not None:
+                out.update({module_name(config.model_type, i, r): np.asarray(shift, np.float32) for r in roles})
+    return out
 
 
 def calibrate(config, weights: dict[str, np.ndarray], ids: Sequence[int], seq_len: int,

@@ -63,7 +63,7 @@ def calibration(config, weights, calib, seq, progress=None, w8: bool = True):
 def plan_w8(config, weights, cal):
     qs, chan, sums = cal
     inputs = {n: InputQuant(shift=power_of_two_above(sums[n] / ACC_TARGET)) for n in linear_names(config)}
-    return qs, QuantPlan("w8", inputs), chan
+    return qs, QuantPlan("w8", inputs, config.model_type), chan
 
 
 def plan_w8a8(config, weights, cal):
@@ -76,7 +76,7 @@ def plan_w8a8(config, weights, cal):
         w[:, keep] = 0.0  # those columns go through the fp16 side product
         qs[n] = quantize_rows(w)
         inputs[n] = InputQuant(1.0, max(float(rest.max()), 1e-4) / QMAX, keep)
-    return qs, QuantPlan("w8a8", inputs), chan
+    return qs, QuantPlan("w8a8", inputs, config.model_type), chan
 
 
 def device_bytes(weights: dict, plan: QuantPlan | None = None) -> int:

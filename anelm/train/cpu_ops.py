@@ -14,6 +14,8 @@ metrics' `cpu_flops`: matmuls count 2·m·n·k, elementwise work counts one per 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..errors import ShapeError
@@ -216,12 +218,13 @@ def classifier_fwd(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def cross_entropy(logits: np.ndarray, targets: np.ndarray,
-                  scale: float = 1.0) -> tuple[float, np.ndarray]:
+                  scale: float = 1.0, count: int | None = None) -> tuple[float, np.ndarray]:
     """Mean cross-entropy over all N positions, and its scaled gradient.
 
     logits `[V, N]`, targets `[N]` (every position counts; nothing is ignored).
     Returns (loss, dlogits `[V, N]` = (softmax − onehot)/N · scale). The loss is unscaled;
     `scale` is the loss scale, applied here once so fp16 gradients stay above underflow.
+    `count`: the positions the mean is over when these N are a chunk of them (`head_loss`).
     """
     _check_2d("logits", logits)
     t = np.asarray(targets).reshape(-1)
@@ -234,10 +237,42 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray,
     np.exp(p, out=p)
     z = p.sum(axis=0)                 # (N,)
     # loss = log z − (logit[t] − max), read from the logits, not from log(softmax)
-    loss = float(np.mean(np.log(z) - (logits[t, cols] - mx), dtype=np.float64))
-    p *= (F32(scale) / F32(n)) / z
-    p[t, cols] -= F32(scale) / F32(n)
+    total = n if count is None else count
+    loss = float(np.sum(np.log(z) - (logits[t, cols] - mx), dtype=np.float64) / max(total, 1))
+    p *= (F32(scale) / F32(total)) / z
+    p[t, cols] -= F32(scale) / F32(total)
     return loss, p
+
+
+HEAD_CHUNK = 1 << 23  # logits per chunk of `head_loss`: 32 MiB of float32
+
+
+def head_loss(head: np.ndarray, xf: np.ndarray, targets: np.ndarray, scale: float = 1.0,
+              want_dw: bool = True) -> tuple[float, np.ndarray, Callable[[], np.ndarray] | None]:
+    """The classifier and the mean cross-entropy over N positions: head W `[V, D]`, xf `[D, N]`,
+    targets `[N]` -> (loss, dxf `[D, N]`, a call giving dW `[V, D]`, or None without `want_dw`),
+    each gradient times `scale` (the loss scale).
+
+    Past HEAD_CHUNK logits (Gemma 3: 262,144 × N floats, 1 GiB at N = 1024) it runs in chunks
+    of positions, so the logits and their gradient never exist whole, and dW accumulates chunk
+    by chunk. Below it, one chunk: dW = dlogits·xfᵀ is left to the call, which the step runs
+    on its dW worker while the backward goes on."""
+    v, n = head.shape[0], xf.shape[1]
+    t = np.asarray(targets).reshape(-1)
+    step = max(1, HEAD_CHUNK // v)
+    if step >= n:
+        loss, dlog = cross_entropy(classifier_fwd(head, xf), t, scale)
+        return loss, head.T @ dlog, (lambda: dw(dlog, xf)) if want_dw else None
+    loss, dxf = 0.0, np.empty_like(xf)
+    acc = np.zeros_like(head) if want_dw else None
+    for lo in range(0, n, step):
+        cols = slice(lo, min(n, lo + step))
+        part, dlog = cross_entropy(classifier_fwd(head, xf[:, cols]), t[cols], scale, count=n)
+        loss += part
+        dxf[:, cols] = head.T @ dlog
+        if acc is not None:
+            dw(dlog, xf[:, cols], out=acc)
+    return loss, dxf, (lambda: acc) if want_dw else None
 
 
 def cross_entropy_flops(v: int, n: int) -> int:
@@ -303,3 +338,8 @@ def gelu_tanh_bwd(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     c, k = F32(np.sqrt(2.0 / np.pi)), F32(0.044715)
     t = np.tanh(c * (x + k * x * x * x))
     return dy * (F32(0.5) * (F32(1.0) + t) + F32(0.5) * x * (F32(1.0) - t * t) * c * (F32(1.0) + F32(3.0) * k * x * x))
+
+
+def gelu_gated_bwd(dgate: np.ndarray, h1: np.ndarray, h3: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of gate = gelu_tanh(h1)·h3 (Gemma's MLP): (dh1, dh3)."""
+    return gelu_tanh_bwd(dgate * h3, h1), dgate * layers.gelu_tanh(h1)

@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from ..kernels.families import family_for
-from ..models.names import family_members, layer_modules
+from ..models.names import layer_modules
+from ..models.registry import MODEL_TYPES
 from .errors import TrainError
 
-# what the device training steps implement (step.py: the Llama family; step_gpt2.py: GPT-2)
-TRAINABLE_TYPES = family_members("llama") + family_members("gpt2")
+# what the device training steps implement (`steps.py`: a step per family that trains)
+TRAINABLE_TYPES = tuple(t for t in MODEL_TYPES if family_for(t).trains)
 
 
 def model_config(cfg: dict):
@@ -53,7 +54,9 @@ def init_weights(config, seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
     out = {}
     for name, shape in weight_shapes(config).items():
         if len(shape) == 1:  # norm scales (input, post-attention, final, q/k norms) and biases
-            out[name] = (np.zeros if name.endswith(".bias") else np.ones)(shape, np.float32)
+            # a gain of one: w = 1, or w = 0 where the gain is 1 + w (Gemma)
+            one = 1.0 - family_for(config.model_type).gain_offset
+            out[name] = np.zeros(shape, np.float32) if name.endswith(".bias") else np.full(shape, one, np.float32)
             continue
         s = residual_std if name.endswith(residual) else std
         out[name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(s))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
@@ -39,7 +40,8 @@ class KernelBank:
 
     compiles_per_update = 0
 
-    def __init__(self, dims: Dims, device, n_layers: int, family: Family, lora: LoraLayout | None = None):
+    def __init__(self, dims: Dims, device, n_layers: int, family: Family, lora: LoraLayout | None = None,
+                 windows: tuple[int | None, ...] | None = None):
         self.dims, self.device, self.n_layers, self.lora = dims, device, n_layers, lora
         self.family = family  # where each layer's matrices are in the HF weights
         self.layouts = layouts(dims, lora)
@@ -48,6 +50,13 @@ class KernelBank:
         self._req: dict[tuple[str, int | None], Request] = {}
         for kind in WEIGHTLESS:
             self._req[(kind, None)] = self._open(kind, build_graph(kind, dims)).request()
+        # layers with a sliding window (Gemma's local layers) share attention kernels of their
+        # own mask: one pair per distinct window, which the layers' (kind, layer) keys point at
+        for w in dict.fromkeys(w for w in windows or () if w is not None):
+            for kind in WEIGHTLESS:
+                req = self._open(kind, build_graph(kind, replace(dims, window=w))).request()
+                for layer in (i for i, lw in enumerate(windows) if lw == w):
+                    self._req[(kind, layer)] = req
 
     def _open(self, kind: str, graph, cache=None) -> Kernel:
         art = compile_graph(graph, self.device.profile)
@@ -116,8 +125,8 @@ class DynamicBank(KernelBank):
     dynamic = True
 
     def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int, family: Family,
-                 lora: LoraLayout | None = None):
-        super().__init__(dims, device, n_layers, family, lora)
+                 lora: LoraLayout | None = None, windows: tuple[int | None, ...] | None = None):
+        super().__init__(dims, device, n_layers, family, lora, windows)
         for kind in WEIGHTED:
             kern = self._open(kind, build_graph(kind, dims, lora=lora))
             for layer in range(n_layers):

@@ -47,11 +47,9 @@ StepFactory = Callable[..., object]  # (config, weights, device, *, seq_len, pip
 
 
 def device_step_factory(config, weights, device, *, seq_len: int, pipeline: str):
-    from .step import DeviceTrainStep  # the device half; imported late, it compiles kernels
-    from .step_gpt2 import GPT2TrainStep
+    from .steps import step_class  # the device half; imported late, it compiles kernels
 
-    cls = GPT2TrainStep if config.model_type == "gpt2" else DeviceTrainStep
-    return cls(config, weights, device, seq_len=seq_len, pipeline=pipeline)
+    return step_class(config)(config, weights, device, seq_len=seq_len, pipeline=pipeline)
 
 
 @dataclass

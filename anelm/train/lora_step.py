@@ -40,6 +40,7 @@ from ..models.adapters import Adapter, LoraSpec, check_spec, projection_shape, t
 from . import cpu_ops as ops
 from ..models.names import layer_prefix
 from .step import DeviceTrainStep
+from .step_gemma import GemmaTrainStep
 from .step_gpt2 import GPT2TrainStep
 
 F32 = np.float32
@@ -82,8 +83,9 @@ def params_adapter(params: dict[str, np.ndarray], spec: LoraSpec, model_type: st
 
 def lora_train_step(config, weights: dict[str, np.ndarray], device, **kw) -> "LoraHooks":
     """The LoRA step for the base's architecture (keywords as `LoraHooks`)."""
-    cls = GPT2LoraTrainStep if config.model_type == "gpt2" else LoraTrainStep
-    return cls(config, weights, device, **kw)
+    from .steps import step_class
+
+    return step_class(config, lora=True)(config, weights, device, **kw)
 
 
 class LoraHooks:
@@ -220,3 +222,7 @@ class LoraTrainStep(LoraHooks, DeviceTrainStep):
 
 class GPT2LoraTrainStep(LoraHooks, GPT2TrainStep):
     """LoRA on a GPT-2 base (one adapter over the fused c_attn, PEFT's fan_in_fan_out)."""
+
+
+class GemmaLoraTrainStep(LoraHooks, GemmaTrainStep):
+    """LoRA on a Gemma 3 base."""

@@ -38,8 +38,8 @@ class StaticBank(KernelBank):
     dynamic = False
 
     def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int, family: Family,
-                 lora: LoraLayout | None = None):
-        super().__init__(dims, device, n_layers, family, lora)
+                 lora: LoraLayout | None = None, windows: tuple[int | None, ...] | None = None):
+        super().__init__(dims, device, n_layers, family, lora, windows)
         self.reload = bool(device.profile.reload_reads_new_weights)
         self.compiles_per_update = 0 if self.reload else len(WEIGHTED) * n_layers
         self._slots: dict[tuple[str, int], tuple[Kernel, ProgramCache]] = {}

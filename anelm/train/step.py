@@ -104,7 +104,9 @@ class DeviceTrainStep:
         self.w = _check_weights(config, weights)
         bank = DynamicBank if pipeline == "dynamic" else StaticBank
         # lora: kernels.training.LoraLayout, the adapter blocks of the LoRA step (lora_step.py)
-        self.bank = bank(self.kernel_dims, device, self.w, self.n_layers, family_for(config.model_type), lora)
+        windows = tuple(config.window(i) for i in range(self.n_layers))  # sliding-window layers' own masks
+        self.bank = bank(self.kernel_dims, device, self.w, self.n_layers, family_for(config.model_type), lora,
+                         windows if any(windows) else None)
         self._pool = WorkQueue("anelm-dw")
         self._blas = share_blas_between(2)  # device evals and dW run BLAS concurrently
         # the forward pass may take every core, but for small matrices (the tiny preset) the
@@ -151,9 +153,10 @@ class DeviceTrainStep:
         with np.errstate(all="ignore"):  # inf/NaN under a too-large scale is a result, not an error
             with all_blas_threads() if self._wide else nullcontext():  # no dW job runs beside it
                 xl, caches = self._forward(ids, keep=True)
-                loss, dy, grads, (dlog, xf) = self._loss_head(xl, targets, float(loss_scale))
+                loss, dy, grads, head_dw = self._loss_head(xl, targets, float(loss_scale))
             head = self._head_name()
-            self._dw(jobs, head, dlog, xf)
+            if head_dw is not None:
+                jobs[head] = self._pool.submit(head_dw)
             if sink is not None and head == self.head and head in jobs:  # tied: the embedding adds to it
                 sink.offer({head: jobs[head]})
             for i in reversed(range(self.n_layers)):
@@ -303,15 +306,14 @@ class DeviceTrainStep:
         return c["x2"] + self._dev("ffn_down", i, gate=c["gate"])["f"], c
 
     # ------------------------------------------------------------------ loss and head
-    def _loss_head(self, xl: np.ndarray, targets: np.ndarray,
-                   scale: float) -> tuple[float, np.ndarray, dict, tuple[np.ndarray, np.ndarray]]:
-        """Final norm, classifier, loss: (loss, dy into the last layer, {norm grad}, (dlogits, xf)
-        for the classifier's dW)."""
+    def _loss_head(self, xl: np.ndarray, targets: np.ndarray, scale: float):
+        """Final norm, classifier, loss: (loss, dy into the last layer, {norm grad}, a call giving
+        the classifier's dW, or None when its gradient is not kept: `ops.head_loss`)."""
         wn, head = self.w[self.final_norm], self._head()
         xf, rf = ops.rmsnorm_fwd(xl, wn, self.cfg.rms_norm_eps)
-        loss, dlog = ops.cross_entropy(ops.classifier_fwd(head, xf), targets, scale)
-        dy, dwn = ops.rmsnorm_bwd(head.T @ dlog, xl, wn, rf)
-        return loss, dy, {self.final_norm: dwn}, (dlog, xf)
+        loss, dxf, head_dw = ops.head_loss(head, xf, targets, scale, self._keep(self._head_name()))
+        dy, dwn = ops.rmsnorm_bwd(dxf, xl, wn, rf)
+        return loss, dy, {self.final_norm: dwn}, head_dw
 
     def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
         """Scatter dy into the embedding grad (added to the classifier's when tied)."""

@@ -93,9 +93,9 @@ class GPT2TrainStep(DeviceTrainStep):
     def _loss_head(self, xl, targets, scale):
         head = self._head()
         xf, saved = self._final(xl)
-        loss, dlog = ops.cross_entropy(ops.classifier_fwd(head, xf), targets, scale)
-        dy, dw, db = ops.layernorm_bwd(head.T @ dlog, saved, self.w[self.final_norm])
-        return loss, dy, {self.final_norm: dw, self.final_norm.removesuffix("weight") + "bias": db}, (dlog, xf)
+        loss, dxf, head_dw = ops.head_loss(head, xf, targets, scale, self._keep(self._head_name()))
+        dy, dw, db = ops.layernorm_bwd(dxf, saved, self.w[self.final_norm])
+        return loss, dy, {self.final_norm: dw, self.final_norm.removesuffix("weight") + "bias": db}, head_dw
 
     def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
         wte, wpe = self.embed, self.wpe

@@ -14,7 +14,7 @@ torch = hf_tiny.torch
 from anelm.cli.main import main  # noqa: E402
 
 WORDS = hf_tiny.WORDS  # id i is word "w{i}"
-KEYS = {"prompt_ids", "ids", "text", "prefill_ms", "decode_tokens_per_s", "device"}
+KEYS = {"prompt_ids", "ids", "text", "prefill_ms", "decode_tokens_per_s", "device", "stream_scale"}  # §5, §13
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from anelm.cli.main import main  # noqa: E402
 
-KEYS = {"tokens", "windows", "predictions", "nll", "ppl", "argmax", "device"}
+KEYS = {"tokens", "windows", "predictions", "nll", "ppl", "argmax", "device", "stream_scale"}  # §7, §13
 # a random tiny model on the fp16 emulator: its logits are within §6's 3e-2 of max|logit|, and
 # the mean nll over ~100 predictions moves by far less than that
 NLL_TOL = 1e-2

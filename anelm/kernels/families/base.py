@@ -13,7 +13,7 @@ import numpy as np
 
 from ...ir.builder import GraphBuilder
 from ...ir.graph import Value
-from ...models.names import family_modules, weight_name
+from ...models.names import family_members, family_modules, weight_name
 
 
 @dataclass(frozen=True, repr=False)
@@ -25,6 +25,9 @@ class Family(ABC):
     layer_norm: ClassVar[bool] = False  # LayerNorm (centred, with a shift); else RMSNorm
     rotary: ClassVar[bool] = True       # RoPE on q and k; else learned positions (on the CPU)
     gated: ClassVar[bool] = True        # SwiGLU's gate and up projections; else one up projection
+    activation: ClassVar[str] = "silu"  # the MLP's activation ("silu", "gelu_tanh"), as the training kernels take it
+    gain_offset: ClassVar[float] = 0.0  # a norm's gain is offset + w (Gemma stores w, applies 1 + w)
+    trains: ClassVar[bool] = True       # the training steps (`anelm.train`) implement this family
     mlp_inputs: ClassVar[tuple[str, ...]] = ()      # the kernel projections reading the MLP norm
     stream_writers: ClassVar[tuple[str, ...]] = ()  # ... and those writing into the residual stream
     post_norms: ClassVar[tuple[str, ...]] = ()      # norms of the attention's and MLP's outputs (Gemma)
@@ -69,7 +72,12 @@ class Family(ABC):
         """W `[out, in]` of a training kernel's weight role (`wq`, `w1`...) in layer `layer`
         (full HF names in `weights`)."""
         part = {r: p for p, roles in self.part_roles.items() for r in roles}[role]
-        return weights[weight_name(self.name, layer, part)]
+        return weights[self.weight_name(layer, part)]
+
+    def weight_name(self, layer: int, role: str) -> str:
+        """The full HF name of a layer part's weight: the family's members share their names
+        for the parts a kernel stages (the family's name need not be a model type: Gemma's)."""
+        return weight_name(family_members(self.name)[0], layer, role)
 
     # --- the graph ----------------------------------------------------------------------------
     @abstractmethod

@@ -20,6 +20,8 @@ from .llama import LlamaFamily
 class GemmaFamily(LlamaFamily):
     stream_writers = ()  # the post-norms write the stream; o and down feed them
     post_norms = ("attn_post_norm", "mlp_post_norm")
+    activation = "gelu_tanh"
+    gain_offset = 1.0
 
     def attention_scale(self, config, index: int) -> float:
         return 1.0 / math.sqrt(config.query_pre_attn_scalar)
@@ -27,7 +29,7 @@ class GemmaFamily(LlamaFamily):
     def affine(self, w: dict[str, np.ndarray], role: str) -> tuple[np.ndarray, np.ndarray | None]:
         """As `Family.affine`, with a norm's gain as applied: 1 + w."""
         weight, bias = super().affine(w, role)
-        return (weight + np.float32(1.0), bias) if role.endswith("norm") else (weight, bias)
+        return (weight + np.float32(self.gain_offset), bias) if role.endswith("norm") else (weight, bias)
 
     def mlp(self, b: GraphBuilder, h: Value, lin) -> Value:
         """down(gelu_tanh(gate·h) ⊙ up·h), GELU as x·sigmoid(2u) (strict rejects `gelu`)."""

@@ -12,7 +12,6 @@ import numpy as np
 
 from ...ir.builder import GraphBuilder
 from ...ir.graph import Value
-from ...models.names import weight_name
 from .base import Family
 
 QKV = ("wq", "wk", "wv")  # the training kernels' roles in c_attn's rows, in row order
@@ -22,6 +21,7 @@ class GPT2Family(Family):
     layer_norm = True
     rotary = False
     gated = False
+    activation = "gelu_tanh"  # on the CPU: the up projection has no gate
     mlp_inputs = ("fc",)
     stream_writers = ("o", "proj")
     slot_roles = MappingProxyType({"qkv": ("qkv",), "o": ("o",), "fc": ("fc",), "proj": ("proj",)})
@@ -44,7 +44,7 @@ class GPT2Family(Family):
         """As `Family.layer_matrix`; q, k and v are the row thirds of the fused c_attn."""
         if role not in QKV:
             return super().layer_matrix(weights, layer, role)
-        qkv = weights[weight_name(self.name, layer, "qkv")]
+        qkv = weights[self.weight_name(layer, "qkv")]
         third = qkv.shape[0] // 3
         return qkv[QKV.index(role) * third:(QKV.index(role) + 1) * third]
 
