@@ -30,6 +30,9 @@ from . import cpu_ops as ops
 from .step import DeviceTrainStep
 
 F32 = np.float32
+# the gradients each backward kernel takes: every result is linear in them (sdpa_bwd's in dattn)
+GRADIENT_INPUTS = {"ffn_down_dx": ("dy",), "ffn_up_dx": ("dh1", "dh3"), "wo_dx": ("dx2",),
+                   "qkv_dx": ("dq", "dk", "dv"), "sdpa_bwd": ("dattn",)}
 
 
 class GemmaTrainStep(DeviceTrainStep):
@@ -65,6 +68,23 @@ class GemmaTrainStep(DeviceTrainStep):
     @functools.cached_property
     def _embed_scale(self) -> np.float32:
         return F32(math.sqrt(self.cfg.hidden_size))
+
+    def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
+        """A backward kernel on its gradients divided by a power of two that brings their peak
+        into (1/2, 1], its results multiplied back: exact, as each result is linear in them.
+
+        A post-norm's backward multiplies the gradient by its gain over the RMS of its input
+        (Gemma 3 270M: 6.4 into ffn_down_dx at a loss scale of 1), so at the scaler's starting
+        scale (2^12) the attention backward's dOᵀ·V passed the accumulator's 32,768 and the
+        first steps were skipped while the scale fell. Normalised, the device never overflows;
+        the loss scale still keeps the CPU's float32 gradients clear of underflow."""
+        names = GRADIENT_INPUTS.get(kind, ())
+        peak = max((float(np.abs(acts[n]).max()) for n in names), default=0.0)
+        if not (0.0 < peak < np.inf):  # nothing to scale, or an inf the loss scaler must see
+            return super()._dev(kind, layer, **acts)
+        f = F32(2.0 ** -math.ceil(math.log2(peak)))
+        out = super()._dev(kind, layer, **{n: a * f if n in names else a for n, a in acts.items()})
+        return {n: v / f for n, v in out.items()}
 
     # ------------------------------------------------------------------ forward
     def _embed(self, ids: np.ndarray) -> np.ndarray:
