@@ -299,15 +299,15 @@ class Gemma3TextConfig(LlamaConfig):
 
 ModelConfig = LlamaConfig | Qwen3Config | GPT2Config | Gemma3TextConfig
 
-CONFIGS: dict[str, type] = {"gpt2": GPT2Config, "llama": LlamaConfig, "qwen3": Qwen3Config,
-                            "gemma3_text": Gemma3TextConfig, "gemma3": Gemma3TextConfig}
-
-
 def config_class(model_type: Any, source: str = "config") -> type:
-    if model_type not in CONFIGS:
+    """The config class of HF `model_type` (its architecture's, `registry.py`)."""
+    from .registry import MODEL_TYPES, module, resolve
+
+    found = resolve(model_type)
+    if found is None:
         raise ConfigError(f"unsupported model_type {model_type!r} in {source}: "
-                          f"expected one of {', '.join(sorted(CONFIGS))}")
-    return CONFIGS[model_type]
+                          f"expected one of {', '.join(sorted(MODEL_TYPES))}")
+    return module(found).Config
 
 
 def config_from_dict(d: dict[str, Any], source: str = "config", complete: bool = False) -> ModelConfig:

@@ -16,15 +16,21 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 
 from . import llama
 from .config import Gemma3TextConfig
 from .layers import apply_rope, attention, gelu_tanh, linear, rms_norm, rope_inv_freq, rope_tables
+from .registry import LLAMA_MODULES
 
 Config = Gemma3TextConfig
-GGUF_ARCH = "gemma3"  # llama.cpp's `general.architecture`
+ARCH = replace(llama.ARCH, model_type="gemma3_text", family="gemma", gguf_arch="gemma3",
+               modules={**LLAMA_MODULES, "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+                        "attn_post_norm": "post_attention_layernorm", "mlp_norm": "pre_feedforward_layernorm",
+                        "mlp_post_norm": "post_feedforward_layernorm"},
+               aliases=("gemma3",))  # a multimodal folder: its text model (`sanitize`)
 POST_NORMS = ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 # a multimodal `gemma3` checkpoint keeps the text model under another prefix (transformers 4 and 5)
 TEXT_PREFIX = re.compile(r"^(?:model\.language_model\.|language_model\.model\.|language_model\.)")

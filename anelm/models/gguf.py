@@ -9,7 +9,7 @@ implements. What is ours is the translation to the HF checkpoint a converter sta
 - the layout: what llama.cpp's converter changed, each architecture undoes in its own
   `gguf_weights` (Llama's q/k rows permuted for interleaved RoPE, Gemma's norm gains stored as
   1 + w) and `unsanitize` (GPT-2's projections back to HF's Conv1D [in, out]); an architecture
-  names its GGUF `general.architecture` (`GGUF_ARCH`, `registry.py`) and reads its own metadata
+  names its GGUF `general.architecture` (`Architecture.gguf_arch`, `registry.py`) and reads its own metadata
   where it differs from Llama's (`gguf_config`);
 - the tokenizer, from the `tokenizer.*` metadata (`tokenizer_gguf.py`).
 """

@@ -14,9 +14,15 @@ import numpy as np
 from .base import CausalLM
 from .config import GPT2Config
 from .layers import attention, gelu_tanh, layer_norm, linear, split_heads
+from .registry import Architecture
 
 Config = GPT2Config
-GGUF_ARCH = "gpt2"  # llama.cpp's `general.architecture`
+ARCH = Architecture("gpt2", family="gpt2", gguf_arch="gpt2", layer_prefix="transformer.h.{}.",
+                    modules={"attn_norm": "ln_1", "qkv": "attn.c_attn", "o": "attn.c_proj", "mlp_norm": "ln_2",
+                             "fc": "mlp.c_fc", "proj": "mlp.c_proj"},
+                    ends={"embed": "transformer.wte.weight", "positions": "transformer.wpe.weight",
+                          "final_norm": "transformer.ln_f.weight", "head": "lm_head.weight"},
+                    projections=("qkv", "o", "fc", "proj"), default_targets=("c_attn",))
 CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # stored [in, out] by HF
 
 

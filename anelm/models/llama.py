@@ -13,10 +13,13 @@ import numpy as np
 from .base import CausalLM
 from .config import LlamaConfig
 from .llama2c import qk_interleaved_to_half
+from .registry import LLAMA_ENDS, LLAMA_MODULES, LLAMA_PROJECTIONS, Architecture
 from .layers import apply_rope, attention, linear, rms_norm, rope_inv_freq, rope_tables, silu, split_heads
 
 Config = LlamaConfig
-GGUF_ARCH = "llama"  # llama.cpp's `general.architecture`
+ARCH = Architecture("llama", family="llama", gguf_arch="llama", layer_prefix="model.layers.{}.",
+                    modules=LLAMA_MODULES, ends=LLAMA_ENDS, projections=LLAMA_PROJECTIONS,
+                    default_targets=("q_proj", "v_proj"))
 
 
 def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:

@@ -24,38 +24,15 @@ from typing import Any
 
 import numpy as np
 
-_LLAMA = {"attn_norm": "input_layernorm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
-          "v": "self_attn.v_proj", "o": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
-          "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
-MODULES = {
-    "gpt2": {"attn_norm": "ln_1", "qkv": "attn.c_attn", "o": "attn.c_proj", "mlp_norm": "ln_2",
-             "fc": "mlp.c_fc", "proj": "mlp.c_proj"},
-    "llama": _LLAMA,
-    "qwen3": {**_LLAMA, "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"},
-    "gemma3_text": {**_LLAMA, "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
-                    "attn_post_norm": "post_attention_layernorm", "mlp_norm": "pre_feedforward_layernorm",
-                    "mlp_post_norm": "post_feedforward_layernorm"},
-}
-LAYER_PREFIX = {"gpt2": "transformer.h.{}.", "llama": "model.layers.{}.", "qwen3": "model.layers.{}.",
-                "gemma3_text": "model.layers.{}."}
-# the projections (roles) LoRA may target, in data-flow order; a LoRA target is the last part
-# of the HF module path ("q_proj", "c_attn"), and GPT-2's "c_proj" names two roles (o, proj)
-PROJECTIONS = {"gpt2": ("qkv", "o", "fc", "proj"),
-               "llama": ("q", "k", "v", "o", "gate", "up", "down"),
-               "qwen3": ("q", "k", "v", "o", "gate", "up", "down"),
-               "gemma3_text": ("q", "k", "v", "o", "gate", "up", "down")}
-DEFAULT_TARGETS = {"gpt2": ("c_attn",), "llama": ("q_proj", "v_proj"), "qwen3": ("q_proj", "v_proj"),
-                   "gemma3_text": ("q_proj", "v_proj")}
-_LLAMA_ENDS = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight", "head": "lm_head.weight"}
-MODEL_WEIGHTS = {
-    "gpt2": {"embed": "transformer.wte.weight", "positions": "transformer.wpe.weight",
-             "final_norm": "transformer.ln_f.weight", "head": "lm_head.weight"},
-    "llama": _LLAMA_ENDS,
-    "qwen3": _LLAMA_ENDS,
-    "gemma3_text": _LLAMA_ENDS,
-}
-# model_type -> the layer layout it shares
-FAMILY = {"llama": "llama", "qwen3": "llama", "gpt2": "gpt2", "gemma3_text": "gemma"}
+from .registry import ByType
+
+# The tables by model type, read from each architecture's declaration (`registry.py`)
+MODULES = ByType("modules")
+LAYER_PREFIX = ByType("layer_prefix")
+PROJECTIONS = ByType("projections")
+DEFAULT_TARGETS = ByType("default_targets")
+MODEL_WEIGHTS = ByType("ends")
+FAMILY = ByType("family")  # model_type -> the layer layout it shares
 
 
 def family(model_type: str) -> str:
@@ -81,7 +58,7 @@ def model_weight(model_type: str, role: str) -> str:
 
 def has_head_norms(model_type: str) -> bool:
     """Whether attention normalises q and k per head (Qwen3's q_norm, k_norm)."""
-    return "q_norm" in MODULES.get(model_type, {})
+    return model_type in MODULES and "q_norm" in MODULES[model_type]
 
 
 def layer_modules(model_type: str) -> dict[str, str]:
@@ -132,18 +109,15 @@ def random_layer(config: Any, seed: int = 0) -> dict[str, np.ndarray]:
     def vec(n, base=0.0):
         return (base + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    m = MODULES[config.model_type]
-    if config.model_type == "gpt2":
+    if config.model_type == "gpt2":  # LayerNorms with shifts, a bias on every linear, fused q/k/v
         return {"ln_1.weight": vec(d, 1.0), "ln_1.bias": vec(d), "attn.c_attn.weight": lin(3 * d, d),
                 "attn.c_attn.bias": vec(3 * d), "attn.c_proj.weight": lin(d, d), "attn.c_proj.bias": vec(d),
                 "ln_2.weight": vec(d, 1.0), "ln_2.bias": vec(d), "mlp.c_fc.weight": lin(f, d),
                 "mlp.c_fc.bias": vec(f), "mlp.c_proj.weight": lin(d, f), "mlp.c_proj.bias": vec(d)}
-    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    w = {"input_layernorm.weight": vec(d, 1.0), "self_attn.q_proj.weight": lin(q, d),
-         "self_attn.k_proj.weight": lin(kv, d), "self_attn.v_proj.weight": lin(kv, d),
-         "self_attn.o_proj.weight": lin(d, q), "post_attention_layernorm.weight": vec(d, 1.0),
-         "mlp.gate_proj.weight": lin(f, d), "mlp.up_proj.weight": lin(f, d), "mlp.down_proj.weight": lin(d, f)}
-    if "q_norm" in m:
-        w["self_attn.q_norm.weight"] = vec(config.head_dim, 1.0)
-        w["self_attn.k_norm.weight"] = vec(config.head_dim, 1.0)
+    q, kv, hd = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim, config.head_dim
+    shapes = {"q": (q, d), "k": (kv, d), "v": (kv, d), "o": (d, q), "gate": (f, d), "up": (f, d), "down": (d, f)}
+    w = {}
+    for role, module in MODULES[config.model_type].items():  # the layer's norms, by role, and its linears
+        w[module + ".weight"] = lin(*shapes[role]) if role in shapes else \
+            vec(hd if role in ("q_norm", "k_norm") else d, 1.0)
     return w

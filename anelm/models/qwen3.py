@@ -5,14 +5,19 @@ Weights use HF's `Qwen3ForCausalLM` names; the head may be tied to the embedding
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from . import llama
+from .registry import LLAMA_MODULES
 from .config import Qwen3Config
 from .layers import rms_norm
 
 Config = Qwen3Config
-GGUF_ARCH = "qwen3"  # stored as HF's: no q/k permutation to undo
+# llama.cpp stores Qwen3 as HF does: no q/k permutation to undo (no gguf_weights)
+ARCH = replace(llama.ARCH, model_type="qwen3", gguf_arch="qwen3",
+               modules={**LLAMA_MODULES, "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"})
 
 
 def expected_shapes(c: Qwen3Config) -> dict[str, tuple[int, ...]]:

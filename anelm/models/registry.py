@@ -1,19 +1,51 @@
-"""The architectures anelm runs, each one module of `anelm.models` named by its HF `model_type`.
+"""The architectures anelm runs: each is one module of `anelm.models`, named by its HF
+`model_type`, that declares what the architecture is.
 
-A module declares what its architecture is: `Config`, the CPU reference `Model`,
-`expected_shapes`, `sanitize`/`unsanitize` (HF checkpoint <-> ours), `GGUF_ARCH` (llama.cpp's
-`general.architecture`), and where they differ from Llama's, `gguf_config` (its metadata) and
-`gguf_weights` (what llama.cpp's converter changed). Code that needs an architecture asks here
-or `loading.architecture`, never branches on a model type.
+A module exports `ARCH` (an `Architecture`: its HF module and weight names by role, its layer
+family, its GGUF name, its LoRA defaults), `Config`, the CPU reference `Model`,
+`expected_shapes`, `sanitize`/`unsanitize` (HF checkpoint <-> ours), and where they differ
+from Llama's, `gguf_config` (its GGUF metadata) and `gguf_weights` (what llama.cpp's converter
+changed). Adding an architecture is a module here, its name in MODEL_TYPES, and its family in
+`kernels/families` if it shares none. Code that needs to know an architecture asks here (or
+`names.py`, which reads these declarations by role), never branches on a model type.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, field
 from functools import cache
-from types import ModuleType
+from types import MappingProxyType, ModuleType
+from typing import Mapping
 
 MODEL_TYPES = ("gpt2", "llama", "qwen3", "gemma3_text")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str                  # HF's `model_type`, the module's name
+    family: str                      # the layer layout it shares (`kernels/families`)
+    gguf_arch: str                   # llama.cpp's `general.architecture`
+    layer_prefix: str                # the HF prefix of layer {}'s weights
+    modules: Mapping[str, str]       # role -> HF module path inside a layer (`names.py` lists the roles)
+    ends: Mapping[str, str]          # embed, final_norm, head (positions): weights outside the layers
+    # the projections (roles) LoRA may target, in data-flow order; a LoRA target is the last
+    # part of the HF module path ("q_proj", "c_attn"), and GPT-2's "c_proj" names two roles
+    projections: tuple[str, ...]
+    default_targets: tuple[str, ...]  # `finetune`'s LoRA targets when none are given
+    aliases: tuple[str, ...] = ()    # other HF model_types read as this one (a multimodal folder's text)
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "modules", MappingProxyType(dict(self.modules)))
+        object.__setattr__(self, "ends", MappingProxyType(dict(self.ends)))
+
+
+LLAMA_MODULES = {"attn_norm": "input_layernorm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
+                 "v": "self_attn.v_proj", "o": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
+                 "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+LLAMA_ENDS = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight", "head": "lm_head.weight"}
+LLAMA_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 @cache
@@ -21,11 +53,39 @@ def module(model_type: str) -> ModuleType:
     return importlib.import_module(f"anelm.models.{model_type}")
 
 
+def arch(model_type: str) -> Architecture:
+    """The declaration of `model_type` (KeyError for one anelm does not run)."""
+    if model_type not in MODEL_TYPES:
+        raise KeyError(model_type)
+    return module(model_type).ARCH
+
+
+def resolve(model_type: object) -> str | None:
+    """The architecture that reads HF `model_type` (itself, or the one it is an alias of)."""
+    return next((t for t in MODEL_TYPES if model_type == t or model_type in arch(t).aliases), None)
+
+
 def gguf_architectures() -> tuple[str, ...]:
     """The GGUF `general.architecture` names anelm reads."""
-    return tuple(module(t).GGUF_ARCH for t in MODEL_TYPES)
+    return tuple(arch(t).gguf_arch for t in MODEL_TYPES)
 
 
-def model_type_of_gguf(arch: object) -> str | None:
+def model_type_of_gguf(name: object) -> str | None:
     """The model type of a GGUF `general.architecture` name, or None when anelm has none."""
-    return next((t for t in MODEL_TYPES if module(t).GGUF_ARCH == arch), None)
+    return next((t for t in MODEL_TYPES if arch(t).gguf_arch == name), None)
+
+
+class ByType(Mapping):
+    """model_type -> one field of its declaration, as a read-only mapping over MODEL_TYPES."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getitem__(self, model_type: str):
+        return getattr(arch(model_type), self.name)
+
+    def __iter__(self):
+        return iter(MODEL_TYPES)
+
+    def __len__(self) -> int:
+        return len(MODEL_TYPES)

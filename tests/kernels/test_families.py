@@ -6,21 +6,24 @@ model's matrices (GPT-2's q, k, v: the row thirds of c_attn). Exact checks: no a
 import numpy as np
 import pytest
 
-from anelm.kernels.families import FAMILIES, GPT2, LLAMA, family_for
+from anelm.kernels.families import FAMILIES, GEMMA, GPT2, LLAMA, family_for
 from anelm.kernels.training import ROLES, Dims, kernel_roles
-from anelm.models.config import GPT2Config, LlamaConfig, Qwen3Config
+from anelm.models.config import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen3Config
 from anelm.models.names import FAMILY, PROJECTIONS, layer_prefix, random_layer
 
 CONFIGS = {"gpt2": GPT2Config(n_embd=32, n_head=4, n_layer=2, n_positions=64),
            "llama": LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                                 num_key_value_heads=2, head_dim=8),
            "qwen3": Qwen3Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                                num_key_value_heads=2, head_dim=16)}
+                                num_key_value_heads=2, head_dim=16),
+           "gemma3_text": Gemma3TextConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=64)}
 
 
 def test_every_model_type_has_its_family():
     assert set(CONFIGS) == set(FAMILY)
     assert family_for("gpt2") is GPT2 and family_for("llama") is LLAMA and family_for("qwen3") is LLAMA
+    assert family_for("gemma3_text") is GEMMA
     assert set(FAMILIES) == set(FAMILY.values())
 
 
@@ -29,13 +32,15 @@ def test_roles_name_the_weights_of_each_member(model_type):
     cfg, f = CONFIGS[model_type], family_for(model_type)
     w = random_layer(cfg)
     raw = f.linears(w, cfg.hidden_size)
-    assert set(raw) == {"q", "k", "v", "o", *f.mlp_inputs, *(set(f.stream_writers) - {"o"})}
+    assert set(raw) == {"q", "k", "v"} | (set(f.slot_roles) - {"qkv"})
     for key, (mat, bias) in raw.items():  # GPT-2's q, k, v come from c_attn: their own rows
         assert mat.ndim == 2 and (bias is None or bias.shape == (mat.shape[0],)), key
-    for norm in ("attn_norm", "mlp_norm"):
+    for norm in ("attn_norm", "mlp_norm", *f.post_norms):
         gain, shift = f.affine(w, norm)
         assert gain.shape == (cfg.hidden_size,) and (shift is not None) == f.layer_norm
-    assert f.head_norms(w) == (model_type == "qwen3")
+        # the gain as applied: Gemma stores w and applies 1 + w
+        np.testing.assert_array_equal(gain, w[f.modules[norm] + ".weight"] + np.float32(f.gain_offset))
+    assert f.head_norms(w) == (model_type in ("qwen3", "gemma3_text"))
     # the LoRA slots hold every projection PEFT may target, each once
     held = [r for roles in f.slot_roles.values() for r in roles]
     assert sorted(held) == sorted(PROJECTIONS[model_type])

@@ -8,7 +8,7 @@ import pytest
 
 from anelm.kernels.layers import layer_params, layer_shape
 from anelm.mil.half import to_half
-from anelm.models.config import GPT2Config, LlamaConfig, Qwen3Config
+from anelm.models.config import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen3Config
 from anelm.models.names import random_layer
 
 # dim 256: the q, k and v folds have 65,536 elements or more, so the compiled fold runs
@@ -18,6 +18,8 @@ CONFIGS = {
     "qwen3": Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=32),
     "gpt2": GPT2Config(n_embd=256, n_layer=1, n_head=4, n_positions=32),  # LayerNorm: shifts fold into biases
+    "gemma3_text": Gemma3TextConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4,
+                                    num_key_value_heads=1, head_dim=64, max_position_embeddings=32, vocab_size=64),
 }
 
 
@@ -54,7 +56,7 @@ def _compiled_layer(cfg, p: dict, seq: int):
     s = layer_shape(cfg, 0)
     rope = None
     if s.family.rotary:
-        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        inv = rope_inv_freq(cfg.head_dim, *cfg.rope(0))
         rope = rope_full_tables(*rope_tables(np.arange(seq), inv))
     return compile_graph(prefill_layer(s, p, seq, rope, name="layer", kv_outputs=False))
 
