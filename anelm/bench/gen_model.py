@@ -16,9 +16,11 @@ from .programs import decode_program, orion_decode_programs, prefill_program
 from .step_model import IO_BYTES
 
 
-def _head_s(vocab: int, d: int, chip: Chip) -> float:
-    """fp32 logits for one position: a matvec, the larger of its arithmetic and its reads."""
-    return max(2 * vocab * d / chip.cpu_sgemm_flops, 4 * vocab * d / chip.cpu_dram_bytes_per_s)
+def _head_s(vocab: int, d: int, chip: Chip, weight_bytes: int = 2) -> float:
+    """Logits for one position on the CPU: a matvec, the larger of its arithmetic and its reads
+    of the head, `weight_bytes` a weight (ours holds it as fp16, `generate/pipeline.py`; Orion
+    reads fp32). Measured against tiling it on the device (`benchmarks/bench_head.py`)."""
+    return max(2 * vocab * d / chip.cpu_sgemm_flops, weight_bytes * vocab * d / chip.cpu_dram_bytes_per_s)
 
 
 def _io_s(k, chip: Chip) -> float:
@@ -50,4 +52,4 @@ def predict_orion_decode(chip: Chip, layers: int = 12, d: int = 768, vocab: int 
     device = sum(eval_time(k, chip).total_s + k.io_bytes / 4 * 8 / chip.cpu_vector_bytes_per_s  # fp32 I/O
                  for k in orion_decode_programs(d))
     attention = (2 * 2 * context * d * 4 + d * d * 4) / chip.cpu_dram_bytes_per_s  # K, V reads; Wo
-    return layers * (device + attention) + _head_s(vocab, d, chip)
+    return layers * (device + attention) + _head_s(vocab, d, chip, weight_bytes=4)

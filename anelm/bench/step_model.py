@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from ..models.names import has_head_norms
 from ..train.cpu_ops import matmul_flops
 from . import orion
 from .chips import RMSNORM_BYTES_PER_ELEMENT, Chip
@@ -114,7 +115,7 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     m, c = spec.dims, spec.config
     layers, n = c["num_hidden_layers"], spec.batch * spec.seq_len
     vocab = spec.classifier_rows or c["vocab_size"]
-    qk = (c.get("model_type") == "qwen3") if spec.qk_norm is None else spec.qk_norm
+    qk = has_head_norms(c.get("model_type")) if spec.qk_norm is None else spec.qk_norm
     evals = layers * spec.batch
     vec = chip.cpu_vector_bytes_per_s
     kernels, dev = [], {"forward": 0.0, "backward": 0.0}

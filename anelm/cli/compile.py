@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..atomic import atomic_dir
 from ..errors import AnelmError
+from ..models.registry import MODEL_TYPES
 from .common import positive_int
 
 INDEX = "kernels.json"  # at the top of --out: {"written_by": "anelm compile", "kernels": [folder, ...]}
@@ -31,7 +32,7 @@ INDEX = "kernels.json"  # at the top of --out: {"written_by": "anelm compile", "
 def add_args(p):
     p.add_argument("--kind", choices=["layer", "train"], default="layer",
                    help="decoder layers (inference) or the dynamic training kernels")
-    p.add_argument("--arch", choices=["llama", "qwen3", "gpt2"], default="llama",
+    p.add_argument("--arch", choices=MODEL_TYPES, default="llama",
                    help="architecture of the layers (default llama)")
     p.add_argument("--dim", type=positive_int, default=256, help="hidden size (default 256)")
     p.add_argument("--heads", type=positive_int, default=4, help="query heads (default 4)")
@@ -47,37 +48,38 @@ def add_args(p):
 
 
 def layer_config(args):
-    """The model config (HF field names) the flags describe; its checks give the errors."""
-    from ..models.config import GPT2Config, LlamaConfig, Qwen3Config
+    """The model config the flags describe, under HF's field names for every architecture
+    (its `from_dict` keeps its own); its checks give the errors."""
+    from ..kernels.families import family_for
+    from ..models.config import config_class
 
-    if args.arch == "gpt2":
-        if args.kv_heads not in (None, args.heads) or args.head_dim is not None:
-            raise AnelmError("gpt2 has one KV head per query head and head dim = dim / heads; "
-                             "drop --kv-heads/--head-dim")
-        return GPT2Config(n_embd=args.dim, n_head=args.heads, n_layer=args.layers, n_inner=args.hidden,
-                          n_positions=max(args.seq, 1024))
-    make = Qwen3Config if args.arch == "qwen3" else LlamaConfig
+    if not family_for(args.arch).rotary and (args.kv_heads not in (None, args.heads) or args.head_dim is not None):
+        raise AnelmError(f"{args.arch} has one KV head per query head and head dim = dim / heads; "
+                         "drop --kv-heads/--head-dim")
     hd = args.head_dim or (args.dim // args.heads if args.dim % args.heads == 0 else None)
     if hd is None:
         raise AnelmError(f"--dim ({args.dim}) must be divisible by --heads ({args.heads}), or give --head-dim")
     if hd % 2:
         raise AnelmError(f"head dim must be even for RoPE, got {hd}")
-    return make(hidden_size=args.dim, intermediate_size=args.hidden or 8 * args.dim // 3,
-                num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                num_key_value_heads=args.kv_heads or args.heads, head_dim=hd, rms_norm_eps=1e-5,
-                rope_theta=10000.0, max_position_embeddings=max(args.seq, 2048))
+    sizes = {"hidden_size": args.dim, "intermediate_size": args.hidden or 8 * args.dim // 3,
+             "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
+             "num_key_value_heads": args.kv_heads or args.heads, "head_dim": hd, "rms_norm_eps": 1e-5,
+             "rope_theta": 10000.0, "max_position_embeddings": max(args.seq, 2048),
+             # GPT-2's names: an MLP of 4·dim unless --hidden says otherwise
+             "n_embd": args.dim, "n_head": args.heads, "n_layer": args.layers, "n_inner": args.hidden,
+             "n_positions": max(args.seq, 1024)}
+    return config_class(args.arch).from_dict(sizes)
 
 
 def graphs(args, cfg, multiple: int = 1):
     """(folder name, graph) for each kernel to write; packed training inputs are padded to
     `multiple` columns (the profile's spatial_multiple_of)."""
     if args.kind == "train":
-        if args.arch == "gpt2":
-            raise AnelmError("--kind train supports the Llama family (llama, qwen3), not gpt2")
+        from dataclasses import replace
+
         from ..kernels.training import KINDS, Dims, build_graph
 
-        dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                    cfg.num_key_value_heads, cfg.head_dim, args.seq, width_multiple=multiple)
+        dims = replace(Dims.from_config(cfg, args.seq), width_multiple=multiple)
         return [(kind, build_graph(kind, dims)) for kind in KINDS]
     from ..kernels.blocks import decoder_layer
     from ..models.names import random_layer

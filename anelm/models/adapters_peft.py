@@ -26,6 +26,7 @@ from ..atomic import atomic_dir
 from .adapters import Adapter, LoraSpec, check_fits
 from .errors import AdapterError
 from .names import target_names
+from .registry import arch
 from .safetensors_io import save_safetensors
 
 CONFIG_FILE, WEIGHTS_FILE, PREFIX = "adapter_config.json", "adapter_model.safetensors", "base_model.model."
@@ -40,7 +41,7 @@ def save_peft(adapter: Adapter, folder: str | Path) -> Path:
     s = adapter.spec
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": s.rank, "lora_alpha": s.alpha,
               "lora_dropout": s.dropout, "target_modules": list(s.targets),
-              "base_model_name_or_path": s.base or None, "fan_in_fan_out": adapter.model_type == "gpt2",
+              "base_model_name_or_path": s.base or None, "fan_in_fan_out": arch(adapter.model_type).conv1d,
               "bias": "none", "inference_mode": True, "init_lora_weights": True, "use_dora": False,
               "use_rslora": False, "modules_to_save": None}
     tensors = {}
@@ -126,8 +127,9 @@ def _pairs(raw: dict[str, np.ndarray], source: Path, model_type: str) -> dict[st
                                f"{PREFIX}<module>.lora_A.weight / .lora_B.weight")
         names.add(m["name"])
         module = m["module"]
-        if model_type == "gpt2" and not module.startswith("transformer."):
-            module = "transformer." + module  # an adapter made on GPT2Model rather than the LM head
+        base = arch(model_type).base_prefix
+        if not module.startswith(base):
+            module = base + module  # an adapter made on the bare base model (GPT2Model) rather than the LM
         halves.setdefault(module, {})[m["ab"]] = np.asarray(t, np.float32)
     if len(names) > 1:
         raise AdapterError(f"{source}: tensors of several adapters ({', '.join(sorted(map(str, names)))}): "

@@ -22,7 +22,8 @@ ARCH = Architecture("gpt2", family="gpt2", gguf_arch="gpt2", layer_prefix="trans
                              "fc": "mlp.c_fc", "proj": "mlp.c_proj"},
                     ends={"embed": "transformer.wte.weight", "positions": "transformer.wpe.weight",
                           "final_norm": "transformer.ln_f.weight", "head": "lm_head.weight"},
-                    projections=("qkv", "o", "fc", "proj"), default_targets=("c_attn",))
+                    projections=("qkv", "o", "fc", "proj"), default_targets=("c_attn",),
+                    base_prefix="transformer.", conv1d=True)
 CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # stored [in, out] by HF
 
 

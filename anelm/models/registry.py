@@ -13,7 +13,7 @@ changed). Adding an architecture is a module here, its name in MODEL_TYPES, and 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType, ModuleType
 from typing import Mapping
@@ -33,8 +33,9 @@ class Architecture:
     # part of the HF module path ("q_proj", "c_attn"), and GPT-2's "c_proj" names two roles
     projections: tuple[str, ...]
     default_targets: tuple[str, ...]  # `finetune`'s LoRA targets when none are given
+    base_prefix: str = "model."      # the bare base model's path inside the LM (GPT-2: "transformer.")
+    conv1d: bool = False             # HF stores the linears as Conv1D [in, out] (PEFT's fan_in_fan_out)
     aliases: tuple[str, ...] = ()    # other HF model_types read as this one (a multimodal folder's text)
-    extra: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "modules", MappingProxyType(dict(self.modules)))
