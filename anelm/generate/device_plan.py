@@ -126,6 +126,12 @@ class DeviceCache:
     """Keys and values of every layer, fp16 `[L, C, W]` (`[1, C, 1, W]` per layer as the
     kernels read them), W grown to the decode tier in use so a layer's slice is one block.
 
+    A sliding-window layer (`rings[layer]` = R, its window rounded up to the spatial multiple)
+    keeps a ring: position p in column p mod R, so its decode programs read R columns at most,
+    whatever the position (Gemma 3's local layers: 512 of a 4096-position context). Attention
+    is over a set of keys, so their order in the ring changes nothing; `ring_mask` hides the
+    columns outside the window.
+
     While decoding, each layer also has a request of its decode program (`Kernel.request`)
     whose input surfaces hold that layer's cache for the tier in use: filled once when the tier
     is entered, then one column per token (`put`), instead of the whole cache written into the
@@ -134,12 +140,31 @@ class DeviceCache:
     `length` counts the positions stored; prefill and decode write at `length`, then advance.
     """
 
-    def __init__(self, layers: int, channels: int, capacity: int, dtype=np.float16):
+    def __init__(self, layers: int, channels: int, capacity: int, dtype=np.float16,
+                 rings: tuple[int | None, ...] | None = None):
         self.length, self.capacity = 0, capacity
         self.k = np.zeros((layers, channels, 0), dtype)
         self.v = np.zeros_like(self.k)
-        self._requests: dict[int, tuple[int, Any]] = {}  # layer -> (tier, request)
+        self.rings = tuple(rings) if rings is not None else (None,) * layers
+        self._requests: dict[int, tuple[int, Any]] = {}  # layer -> (width, request)
         weakref.finalize(self, _close_requests, self._requests)
+
+    def columns(self, layer: int, tier: int) -> int:
+        """The columns layer `layer`'s decode program reads at `tier`: the tier, or its ring."""
+        ring = self.rings[layer]
+        return tier if ring is None else min(tier, ring)
+
+    def slot(self, layer: int, position: int) -> int:
+        """The column that holds `position` in layer `layer`."""
+        ring = self.rings[layer]
+        return position if ring is None else position % ring
+
+    def fill(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store positions 0..n-1 (k, v `[C, n]`, a prefill's) of a layer: a ring keeps the last R."""
+        n, ring = k.shape[1], self.rings[layer]
+        cols = np.arange(n) if ring is None else np.arange(max(0, n - ring), n)
+        self.k[layer][:, cols % ring if ring else cols] = k[:, cols]
+        self.v[layer][:, cols % ring if ring else cols] = v[:, cols]
 
     @property
     def width(self) -> int:
@@ -150,23 +175,24 @@ class DeviceCache:
         if width > self.width:
             self.k, self.v = (_widened(a, width) for a in (self.k, self.v))
 
-    def request(self, layer: int, kernel: Any, tier: int, heads: tuple[int, ...]) -> Any:
-        """The request of `kernel` (layer's decode program for `tier`) holding this layer's cache
-        in its `k_cache`/`v_cache` surfaces, shaped `heads`."""
+    def request(self, layer: int, kernel: Any, width: int, heads: tuple[int, ...]) -> Any:
+        """The request of `kernel` (layer's decode program reading `width` columns) holding this
+        layer's cache in its `k_cache`/`v_cache` surfaces, shaped `heads`."""
         held = self._requests.get(layer)
-        if held is not None and held[0] == tier and held[1].kernel is kernel:
+        if held is not None and held[0] == width and held[1].kernel is kernel:
             return held[1]
         if held is not None:
             held[1].close()
         req = kernel.request()
-        req.write("k_cache", self.k[layer, :, :tier].reshape(heads), exact=True)
-        req.write("v_cache", self.v[layer, :, :tier].reshape(heads), exact=True)
-        self._requests[layer] = (tier, req)
+        req.write("k_cache", self.k[layer, :, :width].reshape(heads), exact=True)
+        req.write("v_cache", self.v[layer, :, :width].reshape(heads), exact=True)
+        self._requests[layer] = (width, req)
         return req
 
     def put(self, layer: int, position: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store one position's keys and values (`[Hkv, 1, Dh, 1]`, fp16 values) of a layer,
         in the host arrays and in the layer's request surfaces."""
+        position = self.slot(layer, position)
         self.k[layer, :, position] = k.reshape(-1)  # [Hkv, 1, Dh, 1] -> [C]
         self.v[layer, :, position] = v.reshape(-1)
         held = self._requests.get(layer)
@@ -191,3 +217,8 @@ def _close_requests(requests: dict) -> None:
     for _, req in requests.values():
         req.close()
     requests.clear()
+
+
+def ring_size(window: int | None, multiple: int) -> int | None:
+    """The ring of a layer with a sliding `window` (its columns are I/O widths: a multiple)."""
+    return None if window is None else padded_width(window, multiple)

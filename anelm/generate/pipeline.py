@@ -69,7 +69,7 @@ from ..models.layers import rope_inv_freq, rope_tables
 from ..models.loading import build_model
 from ..models.names import layer_prefix, layer_weights, target_roles
 from ..runtime.kernel import Kernel
-from .device_plan import MAX_CONTEXT, DeviceCache, plan_sizes
+from .device_plan import MAX_CONTEXT, DeviceCache, plan_sizes, ring_size
 from .program_store import LayerBlobs, digest, find_or_build, program_store, recipe_key
 
 
@@ -115,6 +115,8 @@ class DeviceRunner:
         # the stream's range, measured once on the CPU reference, decides its scale on the device
         self.stream_scale = stream_scale_for(self.cpu.stream_peak(calibration_ids(config)), self.cpu.stream_bound())
         self.shapes = [replace(layer_shape(config, i), stream_scale=self.stream_scale) for i in range(n)]
+        # sliding-window layers keep a ring of their window in the cache (DeviceCache)
+        self.rings = tuple(ring_size(s.window, self.columns) for s in self.shapes)
         # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
         quant = getattr(weights, "quant", None)  # a quantized folder (models/quantized.py): int8 linears
         self._store = program_store()
@@ -159,7 +161,8 @@ class DeviceRunner:
 
     # --- Runner interface -------------------------------------------------------------------
     def new_cache(self) -> DeviceCache:
-        return DeviceCache(self.config.num_hidden_layers, self.shapes[0].kv_channels, self.plan.context)
+        return DeviceCache(self.config.num_hidden_layers, self.shapes[0].kv_channels, self.plan.context,
+                           rings=self.rings)
 
     def prefill(self, ids: Sequence[int], cache: DeviceCache, last_only: bool = False) -> np.ndarray:
         """Run `ids` at positions cache.length..; logits [T, V] ([1, V] when `last_only`)."""
@@ -242,8 +245,7 @@ class DeviceRunner:
         for i in range(len(self.layers)):
             lora = self.lora_inputs[i]
             out = self._kernel("prefill", i, seq).run({"x": x, **lora}, exact=(*lora, *(() if i == 0 else ("x",))))
-            cache.k[i, :, :n] = out["k"].reshape(-1, seq)[:, :n]  # [Hkv, 1, Dh, S] -> [C, S] -> [C, n]
-            cache.v[i, :, :n] = out["v"].reshape(-1, seq)[:, :n]
+            cache.fill(i, out["k"].reshape(-1, seq)[:, :n], out["v"].reshape(-1, seq)[:, :n])  # [Hkv,1,Dh,S] -> [C, n]
             x = out["y"]
             # Padding columns restart from zeros: masked keys get exactly zero probability, but
             # 0·inf is NaN, so a padding value grown to inf over the layers would leak into real rows.
@@ -259,13 +261,14 @@ class DeviceRunner:
         # the token in column 0 of the padded width, zeros after (every layer's input starts so)
         x = np.zeros((1, d, 1, self.columns), np.float32)
         x[0, :, 0, 0] = self.cpu.embed(np.array([token]), np.array([pos]))[0] / self.stream_scale
-        heads = (s.kv_heads, 1, s.head_dim, tier)
         steps: dict[tuple, dict[str, np.ndarray]] = {}  # the step's inputs, made once per kind of layer
         for i in range(len(self.layers)):
-            kind = (self.shapes[i].window, id(self.inv_freqs[i]))
+            width = cache.columns(i, tier)  # a ring layer reads its ring, whatever the tier
+            kind = (width, self.shapes[i].window, id(self.inv_freqs[i]))
             if kind not in steps:
-                steps[kind] = self._step_inputs(pos, tier, self.shapes[i].window, self.inv_freqs[i])
-            req = cache.request(i, self._kernel("decode", i, tier), tier, heads)
+                steps[kind] = self._step_inputs(pos, width, self.shapes[i].window, self.rings[i], self.inv_freqs[i])
+            heads = (s.kv_heads, 1, s.head_dim, width)
+            req = cache.request(i, self._kernel("decode", i, width), width, heads)
             for name, a in (steps[kind] | self.lora_inputs[i]).items():  # fp16 values already
                 req.write(name, a, exact=True)
             req.write("x", x, exact=i > 0)
@@ -275,9 +278,10 @@ class DeviceRunner:
         cache.advance(1)
         return x[..., 0].reshape(1, d).astype(np.float32) * self.stream_scale  # [1, D, 1, W] -> [1, D]
 
-    def _step_inputs(self, pos: int, tier: int, window: int | None, inv_freq: np.ndarray | None) -> dict:
-        """A decode step's mask and RoPE inputs for layers of one window and RoPE base, as fp16."""
-        step = {"mask": decode_mask(pos, tier, window)}
+    def _step_inputs(self, pos: int, width: int, window: int | None, ring: int | None,
+                     inv_freq: np.ndarray | None) -> dict:
+        """A decode step's mask and RoPE inputs for layers of one width, window and RoPE base, as fp16."""
+        step = {"mask": decode_mask(pos, width, window, ring)}
         if inv_freq is not None:
             cos, sin = rope_full_tables(*rope_tables(np.array([pos]), inv_freq))  # [1, 1, Dh, 1]
             pad = [(0, 0)] * 3 + [(0, self.columns - 1)]

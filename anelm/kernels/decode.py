@@ -82,9 +82,15 @@ def decode_layer(s: LayerShape, p: dict, capacity: int, rope: bool, name: str = 
     return b.build()
 
 
-def decode_mask(length: int, capacity: int, window: int | None = None) -> np.ndarray:
+def decode_mask(length: int, capacity: int, window: int | None = None, ring: int | None = None) -> np.ndarray:
     """[1, 1, 1, capacity]: positions below `length` hold past tokens, the rest are hidden; with
-    a sliding `window`, the token at `length` sees only the window − 1 positions before it."""
+    a sliding `window`, the token at `length` sees only the window − 1 positions before it.
+    `ring`: the cache holds position p in column p mod ring (`DeviceCache`), so the columns
+    seen are those of the positions seen."""
     m = np.full((1, 1, 1, capacity), MASK_VALUE, np.float16)
-    m[..., max(0, length - window + 1) if window else 0:length] = 0.0
+    first = max(0, length - window + 1) if window else 0
+    if ring is None:
+        m[..., first:length] = 0.0
+    else:
+        m[..., np.arange(first, length) % ring] = 0.0
     return m

@@ -297,3 +297,13 @@ def test_a_growing_cache_keeps_its_positions_and_zeros_the_rest():
     assert cache.width == 64 and cache.k.dtype == cache.v.dtype == np.float16
     assert (cache.k[:, :, :5] == 1.5).all() and (cache.v[:, :, :5] == -2.0).all()
     assert not cache.k[:, :, 5:].any() and not cache.v[:, :, 5:].any()
+
+
+def test_ring_mask_shows_the_window_in_ring_columns():
+    from anelm.kernels.decode import decode_mask
+
+    seen = lambda m: set(np.nonzero(m[0, 0, 0] == 0)[0].tolist())  # noqa: E731
+    assert seen(decode_mask(5, 16, window=8, ring=16)) == {0, 1, 2, 3, 4}
+    # position 21 sees 14..20 (the window of 8 holds itself): columns 14, 15, 0..4 of the ring
+    assert seen(decode_mask(21, 16, window=8, ring=16)) == {14, 15, 0, 1, 2, 3, 4}
+    assert seen(decode_mask(21, 32, window=8)) == set(range(14, 21))

@@ -119,3 +119,18 @@ def test_greedy_generation_follows_hf(runner, gemma, gemma_hf, prompt, capsys):
             assert mine == int(np.argmax(theirs)), f"{prompt!r} step {step}: {tok.decode(tokens[:step + 1])!r}"
     assert steps >= 4, f"only {steps} of 16 steps were decisive: the check is nearly vacuous"
     assert "fp16 overflow" not in capsys.readouterr().err
+
+
+def test_decode_past_the_window_reads_the_ring(runner, gemma_hf, prose_ids, capsys):
+    """A 600-token prompt, then 8 tokens decoded teacher-forced: the local layers' caches hold
+    the last 512 positions in a ring (position p in column p mod 512), read whole by their
+    decode programs, against HF's logits at the same positions."""
+    assert runner.rings == tuple(512 if (i + 1) % 6 else None for i in range(18))
+    ids, follow = prose_ids[:600], prose_ids[600:608]
+    cache = runner.new_cache()
+    ours = [runner.prefill(ids, cache, last_only=True)[-1]]
+    ours += [runner.decode(t, cache) for t in follow[:-1]]
+    ref = hf_logits(gemma_hf[0], ids + follow[:-1])[599:]
+    assert (np.argmax(ours, axis=1) == np.argmax(ref, axis=1)).mean() >= 7 / 8
+    assert np.abs(np.asarray(ours) - ref).max() / np.abs(ref).max() <= 3e-2  # §6, a whole model's logits
+    assert "fp16 overflow" not in capsys.readouterr().err

@@ -64,6 +64,7 @@ def test_the_stream_passes_150000(sink_model):
     peak = max(float(h.abs().max()) for h in out.hidden_states)
     assert peak > 150_000, peak
     assert peak / runner.stream_scale < 32768
+    assert runner.rings == (16, 16, None, 16)  # window 8 in a ring of 16 columns (strict's multiple)
 
 
 def test_teacher_forced_choices_and_perplexity_match_hf(sink_model, capsys):
