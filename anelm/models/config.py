@@ -250,7 +250,7 @@ class Gemma3TextConfig(LlamaConfig):
     def from_dict(cls, d: dict[str, Any]) -> "Gemma3TextConfig":
         d = dict(d)
         if isinstance(d.get("text_config"), dict):  # a multimodal `gemma3` folder: its text model
-            d = {**d["text_config"], "tie_word_embeddings": d.get("tie_word_embeddings", True)}
+            d = {"tie_word_embeddings": d.get("tie_word_embeddings", True), **d["text_config"]}
         d["hidden_act"] = d.get("hidden_activation", d.get("hidden_act", cls.hidden_act))
         rp = d.get("rope_parameters")
         if isinstance(rp, dict) and "full_attention" in rp:  # transformers 5: one per layer kind
@@ -316,7 +316,8 @@ def config_from_dict(d: dict[str, Any], source: str = "config", complete: bool =
     if not isinstance(d, dict):
         raise ConfigError(f"{source}: expected a JSON object, got {type(d).__name__}")
     cls = config_class(d.get("model_type"), source)
-    missing = [k for k in cls.shape_keys if k not in d] if complete else []
+    inner = d["text_config"] if isinstance(d.get("text_config"), dict) else d  # a multimodal folder's text model
+    missing = [k for k in cls.shape_keys if k not in inner] if complete else []
     if missing:
         raise ConfigError(f"{source}: {cls.model_type} config is missing {', '.join(missing)}; "
                           f"expected every one of {', '.join(cls.shape_keys)}")
