@@ -102,3 +102,19 @@ def hf_windows(model, ids, seq: int) -> tuple[float, list[np.ndarray]]:
         n += len(w) - 1
     return nll / n, rows
 
+
+
+def greedy_against_hf(runner, model, ids, steps: int) -> tuple[list[int], list[int], list[int]]:
+    """`runner`'s greedy tokens from `ids`, judged by HF's `model` run teacher-forced on them (so
+    every step is judged on the same prefix): (tokens, the steps where HF's choice is decisive
+    by CONTRACTS §6's tie rule, those of them where ours differs)."""
+    from helpers import decisive
+
+    cache, tokens = runner.new_cache(), []
+    logits = runner.prefill(ids, cache, last_only=True)[-1]
+    for _ in range(steps):
+        tokens.append(int(np.argmax(logits)))
+        logits = runner.decode(tokens[-1], cache)
+    ref = hf_logits(model, list(ids) + tokens)[len(ids) - 1:-1]
+    judged = [i for i, theirs in enumerate(ref) if decisive(theirs)]
+    return tokens, judged, [i for i in judged if tokens[i] != int(np.argmax(ref[i]))]

@@ -90,7 +90,7 @@ def check_supported(config) -> None:
 def linear_names(config) -> list[str]:
     """Every int8 linear of the model, by HF module name, layer by layer: all its projections
     (`names.PROJECTIONS`; the device fuses q, k and v into one conv, `kernels/int8.plan_layer`)."""
-    family(config.model_type)
+    check_supported(config)  # an unknown model type: one InputError line, not a KeyError
     return [module_name(config.model_type, i, role) for i in range(config.num_hidden_layers)
             for role in PROJECTIONS[config.model_type]]
 

@@ -60,5 +60,5 @@ def calibrate(config, weights: dict[str, np.ndarray], ids: Sequence[int], seq_le
     model.project = project
     parts = [ids[i:i + seq_len] for i in range(0, len(ids), seq_len)]
     for w in tqdm(parts, desc="calibrate", unit="window", file=sys.stderr, disable=None if progress is None else not progress):
-        model.prefill(list(w), model.new_cache())
+        model.prefill(list(w), model.new_cache(), last_only=True)  # the head's logits are not needed
     return chan, sums

@@ -229,8 +229,12 @@ class DeviceTrainStep:
     def _head(self) -> np.ndarray:
         return self.w[self._head_name()]
 
+    def _final_gain(self) -> np.ndarray:
+        """The final norm's gain as applied (its weight here; Gemma's is 1 + w)."""
+        return self.w[self.final_norm]
+
     def _logits(self, xl: np.ndarray) -> np.ndarray:
-        xf = ops.rmsnorm_fwd(xl, self.w[self.final_norm], self.cfg.rms_norm_eps)[0]
+        xf = ops.rmsnorm_fwd(xl, self._final_gain(), self.cfg.rms_norm_eps)[0]
         return ops.classifier_fwd(self._head(), xf)
 
     def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
@@ -309,7 +313,7 @@ class DeviceTrainStep:
     def _loss_head(self, xl: np.ndarray, targets: np.ndarray, scale: float):
         """Final norm, classifier, loss: (loss, dy into the last layer, {norm grad}, a call giving
         the classifier's dW, or None when its gradient is not kept: `ops.head_loss`)."""
-        wn, head = self.w[self.final_norm], self._head()
+        wn, head = self._final_gain(), self._head()
         xf, rf = ops.rmsnorm_fwd(xl, wn, self.cfg.rms_norm_eps)
         loss, dxf, head_dw = ops.head_loss(head, xf, targets, scale, self._keep(self._head_name()))
         dy, dwn = ops.rmsnorm_bwd(dxf, xl, wn, rf)

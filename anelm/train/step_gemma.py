@@ -90,8 +90,8 @@ class GemmaTrainStep(DeviceTrainStep):
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         return super()._embed(ids) * self._embed_scale
 
-    def _logits(self, xl: np.ndarray) -> np.ndarray:
-        return ops.classifier_fwd(self._head(), self._norm(xl, None, "final")[0])
+    def _final_gain(self) -> np.ndarray:
+        return self._gain(None, "final")
 
     def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
         clamp, eps = ops.clamp_fp16, self.cfg.rms_norm_eps
@@ -116,13 +116,6 @@ class GemmaTrainStep(DeviceTrainStep):
         return c["x2"] + fn, c
 
     # ------------------------------------------------------------------ loss and backward
-    def _loss_head(self, xl: np.ndarray, targets: np.ndarray, scale: float):
-        gain, head = self._gain(None, "final"), self._head()
-        xf, rf = ops.rmsnorm_fwd(xl, gain, self.cfg.rms_norm_eps)
-        loss, dxf, head_dw = ops.head_loss(head, xf, targets, scale, self._keep(self._head_name()))
-        dy, dwn = ops.rmsnorm_bwd(dxf, xl, gain, rf)
-        return loss, dy, {self.final_norm: dwn}, head_dw
-
     def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
         super()._embed_bwd(dy * self._embed_scale, ids, grads)
 

@@ -44,14 +44,18 @@ def sink_model(tmp_path_factory):
     """(HF model, device runner) of a tiny Llama with attention-sink embeddings."""
     folder = tmp_path_factory.mktemp("sink") / "llama"
     hf = hf_tiny.make_hf("llama-gqa", folder, seed=5)
-    with torch.no_grad():
-        emb = hf.model.embed_tokens.weight
-        for t in SINK_TOKENS:
-            for j, c in enumerate(SINK_CHANNELS):
-                emb[t, c] = SINK if (t + j) % 2 == 0 else -SINK
+    put_sinks(hf.model.embed_tokens.weight)
     hf.save_pretrained(folder)
     config, weights, _ = load_model(folder)
     return hf, build_runner(config, weights, Emulator(NOBUDGET))
+
+
+def put_sinks(emb, value: float = SINK) -> None:
+    """±value in the sink channels of the sink tokens' embedding rows (a torch parameter)."""
+    with torch.no_grad():
+        for t in SINK_TOKENS:
+            for j, c in enumerate(SINK_CHANNELS):
+                emb[t, c] = value if (t + j) % 2 == 0 else -value
 
 
 def text_ids(n: int, seed: int = 0) -> list[int]:

@@ -23,8 +23,7 @@ from anelm.device.emulator import Emulator  # noqa: E402
 from anelm.generate.device_plan import MAX_CONTEXT  # noqa: E402
 from anelm.generate.perplexity import perplexity  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
-from helpers import decisive  # noqa: E402
-from hf_tiny import hf_logits, hf_windows  # noqa: E402
+from hf_tiny import greedy_against_hf, hf_logits, hf_windows  # noqa: E402
 from real_models import SHARED  # noqa: E402
 
 AGREEMENT, PPL_RATIO = 0.985, 0.01  # CONTRACTS §6, real models
@@ -103,21 +102,9 @@ def test_past_the_sliding_window(runner, gemma_hf, prose_ids, capsys):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_generation_follows_hf(runner, gemma, gemma_hf, prompt, capsys):
-    tok = gemma[2]
-    ids = tok.encode(prompt)
-    cache, tokens = runner.new_cache(), []
-    logits = runner.prefill(ids, cache, last_only=True)[-1]
-    for _ in range(16):
-        tokens.append(int(np.argmax(logits)))
-        logits = runner.decode(tokens[-1], cache)
-    ref = hf_logits(gemma_hf[0], ids + tokens)[len(ids) - 1:-1]
-    # HF runs teacher-forced on our tokens, so every step is judged on the same prefix
-    steps = 0
-    for step, (mine, theirs) in enumerate(zip(tokens, ref)):
-        if decisive(theirs):
-            steps += 1
-            assert mine == int(np.argmax(theirs)), f"{prompt!r} step {step}: {tok.decode(tokens[:step + 1])!r}"
-    assert steps >= 4, f"only {steps} of 16 steps were decisive: the check is nearly vacuous"
+    tokens, judged, wrong = greedy_against_hf(runner, gemma_hf[0], gemma[2].encode(prompt), 16)
+    assert not wrong, f"{prompt!r}: steps {wrong} of {gemma[2].decode(tokens)!r}"
+    assert len(judged) >= 4, f"only {len(judged)} of 16 steps were decisive: the check is nearly vacuous"
     assert "fp16 overflow" not in capsys.readouterr().err
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import hf_tiny
-from helpers import decisive
+# the Llama sink test's tokens and channels: BOS and two ordinary tokens, three channels
+from test_generate_fp16_range import put_sinks, text_ids  # noqa: E402
 
 torch = hf_tiny.torch
 
@@ -27,7 +28,6 @@ from anelm.generate.perplexity import perplexity  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.models.loading import load_model  # noqa: E402
 
-SINK, SINK_TOKENS, SINK_CHANNELS = 20_000.0, (1, 7, 40), (3, 17, 50)
 NOBUDGET = STRICT.replace(compile_budget=10**9)  # the process-wide count spans every test file
 AGREEMENT, PPL_RATIO = 0.985, 0.01  # CONTRACTS §6, real models
 
@@ -37,24 +37,12 @@ def sink_model(tmp_path_factory):
     """(HF model, device runner) of the tiny Gemma 3 with a stream past 150,000."""
     folder = tmp_path_factory.mktemp("gemma") / "gemma3"
     hf = hf_tiny.make_hf("gemma3", folder, seed=3)
+    put_sinks(hf.model.embed_tokens.weight)  # ±20,000, times √64 = 8 on the way in: ±160,000
     with torch.no_grad():
-        emb = hf.model.embed_tokens.weight  # times √64 = 8 on the way in: ±160,000
-        for t in SINK_TOKENS:
-            for j, c in enumerate(SINK_CHANNELS):
-                emb[t, c] = SINK if (t + j) % 2 == 0 else -SINK
         hf.lm_head.weight.mul_(3.0)  # sharpened, so choices are well separated (§6)
     hf.save_pretrained(folder)
     config, weights, _ = load_model(folder)
     return hf, build_runner(config, weights, Emulator(NOBUDGET), max_context=64)
-
-
-def text_ids(n: int, seed: int = 0) -> list[int]:
-    """BOS, then random ids with the sink tokens recurring."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(3, 96, n).tolist()
-    for i in range(5, n, 11):
-        ids[i] = SINK_TOKENS[(i // 11) % len(SINK_TOKENS)]
-    return [1] + ids[: n - 1]
 
 
 def test_the_stream_passes_150000(sink_model):
@@ -81,17 +69,8 @@ def test_teacher_forced_choices_and_perplexity_match_hf(sink_model, capsys):
 
 def test_greedy_decoding_follows_hf_past_the_window(sink_model, capsys):
     hf, runner = sink_model
-    prompt = text_ids(12, seed=4)
-    cache, tokens = runner.new_cache(), []
-    logits = runner.prefill(prompt, cache, last_only=True)[-1]
-    for _ in range(24):  # to position 36: the decode masks' window moves 28 times
-        tokens.append(int(np.argmax(logits)))
-        logits = runner.decode(tokens[-1], cache)
-    ref = hf_tiny.hf_logits(hf, prompt + tokens)[len(prompt) - 1:-1]
-    steps = 0
-    for step, (mine, theirs) in enumerate(zip(tokens, ref)):
-        if decisive(theirs):  # CONTRACTS §6's tie rule
-            steps += 1
-            assert mine == int(np.argmax(theirs)), f"step {step}"
-    assert steps >= 12, f"only {steps} of 24 steps were decisive"
+    # to position 36: the ring of 16 columns wraps twice, the window of 8 moves 28 times
+    tokens, judged, wrong = hf_tiny.greedy_against_hf(runner, hf, text_ids(12, seed=4), 24)
+    assert not wrong, f"steps {wrong} of {tokens}"
+    assert len(judged) >= 12, f"only {len(judged)} of 24 steps were decisive"
     assert "fp16 overflow" not in capsys.readouterr().err

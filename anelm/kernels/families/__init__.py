@@ -5,9 +5,9 @@ path (`kernels/layers.py`, `lora.py`, `int8.py`, `training.py`), which asks the 
 A `Family` (`base.py`) says which norm (LayerNorm or RMSNorm) and MLP graph a layer has,
 whether positions are rotary, its attention scale and eps, where its parameters are (by role,
 through `anelm.models.names`), which projections read each norm and write the stream, its
-LoRA slots and the training kernels' weight blocks; its `name` keys the int8 tables of
-`models/quantized.py`. Adding an architecture: a `models/<model_type>.py` with its names,
-and a family module here or membership of one (`models.names.FAMILY`: Qwen3 is a Llama).
+LoRA slots (the kernel projections and the roles in their rows, which `int8.py` quantizes
+too) and the training kernels' weight blocks. Adding an architecture: a `models/<model_type>.py`
+with its names, and a family module here or membership of one (`models.names.FAMILY`: Qwen3 is a Llama).
 """
 
 from __future__ import annotations
