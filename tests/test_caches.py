@@ -61,3 +61,21 @@ def test_the_cache_folder_follows_the_environment_and_survives_a_removed_working
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ANELM_CACHE_DIR", "rel")
     assert cache_dir() == tmp_path / "rel" and os.path.isabs(cache_dir())
+
+
+def test_an_unwritable_cache_folder_is_said_once(tmp_path, monkeypatch, capsys):
+    """Issue 28: the stores fail quietly where the folder cannot be written (every run then
+    compiles from scratch, ~3x slower): a command says so, once per process."""
+    from anelm.cli.main import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("ANELM_CACHE_DIR", str(blocker / "cache"))  # under a file: never creatable
+    assert main(["bench", "--chips"]) == 0
+    assert main(["bench", "--chips"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "cache folder" in line]
+    assert warned == [f"anelm: warning: cache folder {blocker / 'cache'} is not writable: Not a directory; runs "
+                      "compile from scratch (set ANELM_CACHE_DIR to a writable folder)"]
+    monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path / "fine"))
+    assert main(["bench", "--chips"]) == 0
+    assert "cache folder" not in capsys.readouterr().err and (tmp_path / "fine").is_dir()

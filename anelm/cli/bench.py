@@ -41,7 +41,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="train/kernels: sequences per micro-batch (default: the preset's)")
     p.add_argument("--grad-accum", type=positive_int, default=None, metavar="N",
                    help="train: micro-batches per optimizer step (default: 1)")
-    p.add_argument("--repeat", type=positive_int, default=2, metavar="N", help="timed runs per measurement (best of)")
+    p.add_argument("--repeat", type=positive_int, default=5, metavar="N",
+                   help="timed runs per measurement, the best of them is reported (default: 5)")
     p.add_argument("--no-measure", action="store_true", help="predict only; run nothing on the device")
 
 

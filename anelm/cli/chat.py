@@ -10,6 +10,11 @@ stays) and a notice says so; the cache keeps what still prefixes the shorter pro
 rest is prefilled again. A message that cannot fit even alone is refused with one error line,
 and the conversation goes on, as it does after a line that is not UTF-8: a user retypes a
 message, and should not lose the conversation over it.
+
+Ctrl-C during a reply stops that reply, as in llama.cpp and mlx-lm: what it said so far stays in
+the conversation (the user saw it, the cache holds it, and the next message may well refer to
+it); a reply stopped before its first token withdraws the message. Ctrl-C at the prompt, or
+Ctrl-D, ends the chat. A reply cut at --max-tokens or at the context's end says so on stderr.
 """
 
 from __future__ import annotations
@@ -37,11 +42,14 @@ def run(args: argparse.Namespace) -> int:
     runner = start(args, config, weights)
     if tok.chat_format() == "plain":
         opts["stop"].append(PLAIN_STOP)  # the model would go on to write the user's turn
-    notice(f"chat ({tok.chat_format()} format); end with Ctrl-D")
+    notice(f"chat ({tok.chat_format()} format); Ctrl-C stops a reply; end with Ctrl-D")
     cache, held = runner.new_cache(), []  # the conversation so far, whose keys and values are cached
     while True:
-        print("> ", end="", file=sys.stderr, flush=True)
-        line = read_line()
+        try:
+            print("> ", end="", file=sys.stderr, flush=True)
+            line = read_line()
+        except KeyboardInterrupt:
+            line = None  # Ctrl-C at the prompt ends the chat, as Ctrl-D does
         if line is None:
             break
         try:
@@ -54,12 +62,23 @@ def run(args: argparse.Namespace) -> int:
         # each turn runs only what the cache does not hold: the template re-renders the whole
         # conversation, and the reply's text may tokenize differently from the ids generated
         cache.length = reusable(held, prompt)
-        res = generate(runner, tok, prompt, on_text=reply_stream(), cache=cache, **opts)
+        res = generate(runner, tok, prompt, on_text=reply_stream(), cache=cache, interruptible=True, **opts)
         held = (list(prompt) + res.ids)[:cache.length]
         stream("\n")
+        if res.finish_reason == "interrupted" and not res.ids:
+            history.withdraw()
+            notice("stopped before the reply began: the message was withdrawn")
+            continue
+        if res.finish_reason in CUT:
+            notice(CUT[res.finish_reason].format(n=args.max_tokens, context=cache.capacity))
         history.answer(res.text.strip())
     print(file=sys.stderr)
     return 0
+
+
+CUT = {"interrupted": "reply stopped (Ctrl-C); Ctrl-C at the prompt or Ctrl-D ends the chat",
+       "length": "reply cut at --max-tokens {n}",
+       "context": "reply cut at the end of the context ({context} tokens)"}
 
 
 def read_line() -> str | None:
@@ -113,6 +132,10 @@ class History:
 
     def answer(self, text: str) -> None:
         self.turns.append({"role": "assistant", "content": text})
+
+    def withdraw(self) -> None:
+        """Take back the last user message (its reply never began)."""
+        self.turns.pop()
 
     def _length(self, turns: list[dict[str, str]]) -> int:
         return len(self.tok.apply_chat_template(self.head + turns))

@@ -36,6 +36,30 @@ def adapter_from_args(args, config):
     return load_peft(args.adapter, config)
 
 
+def check_before_loading(args, device: bool = True) -> None:
+    """The flags that need no model, checked before one loads (seconds on a real model, which
+    a typo would otherwise cost): --device ane off a machine without it (when the command will
+    ask for a `device`), a missing --adapter."""
+    if device and getattr(args, "device", None) == "ane":
+        from ..device.ane import available
+        from ..errors import DeviceError
+
+        ok, reason = available()  # what get_device asks first; the self-test waits until then
+        if not ok:
+            raise DeviceError(f"--device ane requested but the Apple Neural Engine is unavailable: "
+                              f"{str(reason).splitlines()[0] if reason else 'unavailable'}")
+    if getattr(args, "adapter", None) is not None:
+        from pathlib import Path
+
+        from ..models.adapters import AdapterError  # first: adapters_peft imports from it
+        from ..models.adapters_peft import adapter_folder
+
+        if not Path(args.adapter).exists():
+            raise AdapterError(f"--adapter {args.adapter} does not exist: expected a PEFT LoRA folder or a "
+                               "finetune RUN folder (RUN/adapter/)")
+        adapter_folder(args.adapter)  # a folder without adapter_config.json
+
+
 def add_distributed_args(p: argparse.ArgumentParser) -> None:
     """Data-parallel training flags (CONTRACTS §12), shared by train and finetune."""
     p.add_argument("--distributed", action="store_true",

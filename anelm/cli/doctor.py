@@ -19,7 +19,7 @@ import re
 import sys
 
 from ..chip.profile import ChipProfile, load_profile
-from ..device import machine
+from ..device import machine, selftest
 from ..device.isolate import make_device
 from ..errors import DeviceError, UsageError
 
@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     hw = None
     if ane_ok and args.device != "emulator":
         hw = doctor.run_isolated("ane", profile, names, self_test=True, uncapped=True, timeout=args.timeout)
+        selftest.record(*selftest.judge(hw))  # what `--device auto` reads: the doctor's own measurement
     backend, why = _backend(args.device, ane_ok, ane_why, hw)
     print(f"anelm: device: {backend} ({why})", file=sys.stderr, flush=True)
     # uncapped: a small profile budget must not cut the suite short (`--budget` measures it apart)

@@ -16,7 +16,8 @@ import os
 import shutil
 import time
 
-from .common import add_device_args, add_distributed_args, add_run_folder_args, positive_int
+from .common import (add_device_args, add_distributed_args, add_run_folder_args, check_before_loading,
+                     positive_int)
 from .train import _number, _train, add_settings_args
 
 # flags of `anelm train` that name or build another model than --model's
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--resume needs --out RUN: the run folder to continue")
     out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     profile = load_profile(args.profile)  # a bad profile fails before any work
+    check_before_loading(args)  # and --device ane off a Mac, before a model or the data load
     explicit = {n: getattr(args, n, None) for n in TrainSettings.names()}
     lora = {k: getattr(args, k) for k in ("rank", "alpha", "dropout", "targets")}
 

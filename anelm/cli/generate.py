@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import sys
 from typing import Any
 
-from .common import add_adapter_arg, add_device_args, adapter_from_args, utf8_text
+from .common import add_adapter_arg, add_device_args, adapter_from_args, check_before_loading, utf8_text
 
 
 def notice(msg: str) -> None:
@@ -57,6 +58,10 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from ..models.errors import TokenizerError
     from ..models.loading import load_model
 
+    # a build without the device pipeline runs on the CPU, whatever --device says (`start`)
+    pipeline = "anelm.generate.pipeline"
+    has = sys.modules[pipeline] is not None if pipeline in sys.modules else importlib.util.find_spec(pipeline)
+    check_before_loading(args, device=bool(has))
     # Loading makes ~130k long-lived objects (tokenizer tables, the GGUF reader's parts, numba's
     # dispatchers) and the collector's full passes over them cost 60-120 ms each here: none of
     # them is garbage, so the collector waits until loading is done (`start` then freezes them).

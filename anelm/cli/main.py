@@ -92,6 +92,9 @@ def _main(argv: list[str]) -> int:
             return 2
         if getattr(args, "_unavailable", None):
             raise AnelmError(f"'{args._unavailable}' is not available in this build")
+        from ..caches import warn_if_unwritable
+
+        warn_if_unwritable()
         return int(args._run(args) or 0)
     except UsageError as e:
         return _fail(e, 2)
@@ -119,7 +122,12 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     if text in _shown:
         return
     _shown.add(text)
-    print(f"anelm: warning: {text}", file=sys.stderr if file is None else file, flush=True)
+    line = f"anelm: warning: {text}"
+    tqdm = sys.modules.get("tqdm")
+    if file is None and tqdm is not None:
+        tqdm.tqdm.write(line, file=sys.stderr)  # above a live progress bar, not into it
+    else:
+        print(line, file=sys.stderr if file is None else file, flush=True)
 
 
 def _fail(e: BaseException, code: int) -> int:

@@ -47,10 +47,14 @@ def read_text(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generate.perplexity import perplexity
+    from ..generate.perplexity import perplexity, windows
     from ..models.errors import InputError
 
     text = read_text(args.data)  # before the model loads: a wrong path fails fast
+    if not text:
+        raise InputError(f"data file {args.data} is empty: expected UTF-8 text to score")
+    if args.seq_len is not None:
+        windows([], args.seq_len)  # its --seq-len check, also before the model loads
     config, weights, tok = load(args)
     context = config.max_position_embeddings
     seq = args.seq_len or min(context, DEFAULT_WINDOW)

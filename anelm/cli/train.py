@@ -19,7 +19,8 @@ import sys
 import time
 from dataclasses import fields
 
-from .common import add_device_args, add_distributed_args, add_run_folder_args, positive_int
+from .common import (add_device_args, add_distributed_args, add_run_folder_args, check_before_loading,
+                     positive_int)
 
 
 def _nonneg_int(text: str) -> int:
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--resume needs --out RUN: the run folder to continue")
     out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     profile = load_profile(args.profile)  # a bad profile fails before any work
+    check_before_loading(args)  # and --device ane off a Mac, before a model or the data load
     explicit = {n: getattr(args, n) for n in TrainSettings.names()}
     if not args.distributed:
         return _train(args, profile, prepare(explicit, out, args.resume), None)

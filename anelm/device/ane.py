@@ -5,7 +5,9 @@ replaces with a fake framework); this module owns the rules around them:
 - aned may already hold the program (`compiledModelExists`): then nothing is compiled and
   nothing is charged against the compile budget (CONTRACTS §2.7);
 - the framework's unload deletes the model's compile folder, so the folder is re-created
-  from the model's own text and blobs before every load;
+  from the model's own text and blobs before a load finds it missing (atomically, never
+  rewritten in place), and our release deletes it only when no other model uses it;
+- a load that fails twice is a cold compile and a third try (aned may have dropped it);
 - a model is marked unloaded only once the unload succeeded, so a failed one is retried.
 docs/ane-backend.md lists every call in order with where each fact comes from.
 Importing this module loads nothing; `available()` and `AneDevice()` do, on macOS/arm64.
@@ -13,6 +15,7 @@ Importing this module loads nothing; `available()` and `AneDevice()` do, on macO
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import shutil
@@ -24,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_dir
 from ..chip.profile import STRICT, ChipProfile
 from ..errors import BlobError, DeviceError
-from ..mil.folder import relative_path, write_model_folder
+from ..mil.folder import MODEL_FILE, relative_path, write_model_folder
 from . import ane_framework
 from .ane_framework import CLASSES, FRAMEWORK, FRAMEWORK_DIR, PRIVATE_CALLS, IOSurfaceBacked  # noqa: F401
 from .base import Device, Surface, charge_compile
@@ -57,11 +61,17 @@ def available(system: str | None = None, machine: str | None = None,
 
 # ----------------------------------------------------------------------------- compile folder
 # Identical programs (same text, blobs and options) get the same hex id and so the same
-# folder. The framework's unload deletes it whoever else uses it, so every model re-creates
-# it before its own loads; the user count only keeps *our* release from deleting a folder
-# that another live model of this process may be loading from at that moment.
+# folder, in every process. It is created only when missing, and atomically (built beside it,
+# then renamed), so no model compiles or loads from a half-written or rewritten folder. The
+# framework's unload deletes it whoever else uses it, so a model re-creates it before a load
+# that finds it gone. Our release deletes it only when no other model uses it: the user count
+# covers this process, and a shared lock on one byte of `.anelm-folders.lock` (one per folder,
+# held while this process uses it) covers the others. One file for every folder keeps this to
+# one descriptor per process, however many programs are live.
 _folder_users: dict[str, int] = {}
 _folder_lock = threading.Lock()
+_lock_files: dict[str, int] = {}  # lock file -> descriptor, open for the process's life:
+# closing any descriptor of the file would drop every lock the process holds on it
 
 
 def weight_relpath(key: str) -> str:
@@ -81,34 +91,70 @@ def populate_folder(folder: Path, mil_text: str | bytes, weights: dict[str, byte
     write_model_folder(folder, mil_text, weights)
 
 
+def ensure_folder(folder: Path, mil_text: str | bytes, weights: dict[str, bytes]) -> bool:
+    """Create the folder when it is missing or incomplete, atomically; True if it was made."""
+    if all(f.is_file() for f in [folder / MODEL_FILE, *(folder / weight_relpath(k) for k in weights)]):
+        return False  # never rewritten in place: another model may be compiling or loading from it
+    with atomic_dir(folder, replace=folder.exists()) as tmp:  # a partial folder is replaced
+        populate_folder(tmp, mil_text, weights)
+    return True
+
+
+def _lock_byte(folder: Path) -> tuple[int, int]:
+    """The lock file's descriptor and the byte that stands for `folder` (two folders that
+    share a byte only keep each other)."""
+    path = str(folder.parent / ".anelm-folders.lock")
+    if path not in _lock_files:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        _lock_files[path] = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    byte = hashlib.blake2s(folder.name.encode(), digest_size=4).digest()
+    return _lock_files[path], int.from_bytes(byte, "little")
+
+
 def _acquire_folder(folder: Path) -> None:
+    import fcntl  # noqa: PLC0415 - an extension module: importing the backend loads nothing
+
     with _folder_lock:
+        if not _folder_users.get(str(folder)):
+            fd, byte = _lock_byte(folder)
+            fcntl.lockf(fd, fcntl.LOCK_SH, 1, byte)  # waits while another process deletes it
         _folder_users[str(folder)] = _folder_users.get(str(folder), 0) + 1
 
 
 def _drop_folder(folder: Path) -> None:
+    import fcntl  # noqa: PLC0415
+
     with _folder_lock:
         n = _folder_users.pop(str(folder), 1) - 1
         if n > 0:
             _folder_users[str(folder)] = n
-    if n <= 0:
-        shutil.rmtree(folder, ignore_errors=True)
+            return
+        fd, byte = _lock_byte(folder)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, byte)  # refused while another process holds it
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass  # another process's model uses the folder: it stays
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, byte)
 
 
 class AneModel:
     """A program: the retained `_ANEInMemoryModel`, its hex id, folder, text and blobs.
 
     The text and blobs are the caller's own objects, referenced rather than copied: they
-    re-create the folder before each load and back the NSData the framework was handed.
+    re-create the folder when a load finds it gone and back the NSData the framework was
+    handed, so a blob `rewrite_weight` replaced is kept (`superseded`) until the release.
     `compiled` says whether this process compiled it (False: aned already held it).
     `release()` (also on `device.close()` or when the handle is dropped) frees it all.
     """
 
     def __init__(self, fw, ptr: int, hex_id: str, folder: Path, mil: bytes, weights: dict[str, bytes]):
         self._fw, self.ptr, self.hex_id, self.folder = fw, ptr, hex_id, folder
-        self.mil, self.weights = mil, dict(weights)
-        self.loaded = self.compiled = False
+        self.mil, self.weights, self.superseded = mil, dict(weights), {}
+        self.loaded = self.compiled = self.holds_folder = False
         self._requests: OrderedDict = OrderedDict()  # surface ids -> (request, surfaces)
+        self._requests_lock = threading.Lock()  # evaluations from several threads share the cache
 
     @property
     def mil_text(self) -> str:  # names the outputs for the §8 overflow check
@@ -121,31 +167,34 @@ class AneModel:
     def request(self, inputs: list[Surface], outputs: list[Surface]) -> int:
         """The retained `_ANERequest` for these surfaces, built once and reused."""
         key = (tuple(map(id, inputs)), tuple(map(id, outputs)))
-        hit = self._requests.get(key)
-        if hit is not None and not any(s.released for s in hit[1]):
-            self._requests.move_to_end(key)
-            return hit[0]
-        if hit is not None:
-            self._fw.release(self._requests.pop(key)[0])
-        req = self._fw.new_request(inputs, outputs)
-        self._requests[key] = (req, [*inputs, *outputs])  # held, so no id is reused while cached
-        while len(self._requests) > REQUESTS_PER_MODEL:
-            self._fw.release(self._requests.popitem(last=False)[1][0])
-        return req
+        with self._requests_lock:
+            hit = self._requests.get(key)
+            if hit is not None and not any(s.released for s in hit[1]):
+                self._requests.move_to_end(key)
+                return hit[0]
+            if hit is not None:
+                self._fw.release(self._requests.pop(key)[0])
+            req = self._fw.new_request(inputs, outputs)
+            self._requests[key] = (req, [*inputs, *outputs])  # held, so no id is reused while cached
+            while len(self._requests) > REQUESTS_PER_MODEL:
+                self._fw.release(self._requests.popitem(last=False)[1][0])
+            return req
 
     def release(self) -> None:
         if self.ptr is None:
             return
         ptr, self.ptr, was_loaded, self.loaded = self.ptr, None, self.loaded, False
-        requests = [r for r, _ in self._requests.values()]
-        self._requests.clear()
+        with self._requests_lock:
+            requests = [r for r, _ in self._requests.values()]
+            self._requests.clear()
         try:
             if was_loaded:
                 self._fw.unload(ptr)
         finally:
             self._fw.release(*requests, ptr)
-            _drop_folder(self.folder)
-            self.mil, self.weights = b"", {}  # only now: the framework's NSData pointed at them
+            if self.holds_folder:
+                _drop_folder(self.folder)
+            self.mil, self.weights, self.superseded = b"", {}, {}  # only now: the NSData pointed at them
 
     def __del__(self):
         try:
@@ -198,11 +247,11 @@ class AneDevice(Device):
             weight_relpath(key)  # refuse bad keys before any private call
         mil = mil_text.encode("utf-8")
         ptr, hex_id = self._fw.new_model(mil, weights)
-        folder = Path(self._fw.temporary_directory()) / hex_id
-        _acquire_folder(folder)
-        handle = AneModel(self._fw, ptr, hex_id, folder, mil, weights)
+        handle = AneModel(self._fw, ptr, hex_id, Path(self._fw.temporary_directory()) / hex_id, mil, weights)
         try:
-            populate_folder(folder, mil, weights)
+            _acquire_folder(handle.folder)  # before the folder is made: a release elsewhere must see us
+            handle.holds_folder = True
+            ensure_folder(handle.folder, mil, weights)
             # Fact (libane): aned keeps compiled programs by hex id across processes; loading
             # one is not a compile and costs no budget (CONTRACTS §2.7).
             if not self._fw.compiled_model_exists(ptr):
@@ -211,7 +260,7 @@ class AneDevice(Device):
                 self._fw.compile(ptr)
                 handle.compiled = True
         except BaseException:
-            handle.release()  # Orion deletes the folder of a failed compile
+            handle.release()  # Orion deletes the folder of a failed compile (here: unless it is shared)
             raise
         self._models.add(handle)
         return handle
@@ -224,13 +273,21 @@ class AneDevice(Device):
             self._load_once(m)
         except DeviceError:
             time.sleep(LOAD_RETRY_DELAY_S)  # Fact: one retry after 100 ms ("ANE slot reclamation")
-            self._load_once(m)
+            try:
+                self._load_once(m)
+            except DeviceError:
+                # aned may no longer hold what compiledModelExists promised (or never built it
+                # right): compile again, charged as every cold compile is, and load that.
+                charge_compile(self.profile.compile_budget)
+                self._fw.compile(m.ptr)
+                m.compiled = True
+                self._load_once(m)
         m.loaded = True
 
     def _load_once(self, m: AneModel) -> None:
         # The framework's unload deleted the folder (and so may another model's unload of the
         # same hex id): put back what this model was made from, plus any rewritten blobs.
-        populate_folder(m.folder, m.mil, m.weights)
+        ensure_folder(m.folder, m.mil, m.weights)
         self._fw.load(m.ptr)
 
     def evaluate(self, model: AneModel, inputs: list[Surface], outputs: list[Surface], watch: bool = False,
@@ -255,7 +312,7 @@ class AneDevice(Device):
     def rewrite_weight(self, model: AneModel, path: str, blob: bytes) -> None:
         """Replace a blob in the model's folder (Orion's delta reload), before or after unload.
 
-        The folder is re-created from the model's blobs before each load, so the new blob is
+        A load re-creates a missing folder from the model's blobs, so the new blob is
         recorded there too. The hex id still names the original weights, so on a Mac aned
         serves the program compiled from them (`sem.reload_weights` reads "old" either way).
         """
@@ -263,8 +320,11 @@ class AneDevice(Device):
         if path not in m.weights:
             raise DeviceError(f"rewrite_weight: {path} is not a blob of this model; "
                               f"expected one of {sorted(m.weights) or 'none'}")
+        m.superseded.setdefault(path, m.weights[path])  # the original: NoCopy NSData may point at it
         m.weights[path] = blob
         target = m.folder / weight_relpath(path)
+        if not (m.folder / MODEL_FILE).is_file():
+            return  # gone (an unload): the next load re-creates the whole folder, with this blob
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
         tmp.write_bytes(blob)

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import DeviceError
 from . import objc
 from .base import Surface
-from .objc import BOOL, ERROR_OUT, ID, Id
+from .objc import BOOL, ERROR_OUT, ID, SEL, Id
 
 FRAMEWORK_DIR = "/System/Library/PrivateFrameworks/AppleNeuralEngine.framework"
 FRAMEWORK = f"{FRAMEWORK_DIR}/AppleNeuralEngine"
@@ -45,10 +45,31 @@ PRIVATE_CALLS = {  # selector: (class, class method?, restype, argtypes)
         ("_ANERequest", True, ID, [ID, ID, ID, ID, ID, ID, ID]),
     "objectWithIOSurface:": ("_ANEIOSurfaceObject", True, ID, [c_void_p]),
 }
+# Calls the backend can do without: a framework that lacks one still loads (with a warning),
+# and the call is probed with respondsToSelector: before it is sent. Without
+# compiledModelExists every program is compiled cold, and charged.
+OPTIONAL_CALLS = ("compiledModelExists",)
+
+
+def check_calls(rt) -> list[str]:
+    """Every PRIVATE_CALLS prototype against the runtime: the warnings; a missing call that is
+    not optional raises (sending it would throw an Objective-C exception, aborting the process)."""
+    warnings = []
+    for sel, (cls, is_cls, res, args) in PRIVATE_CALLS.items():
+        try:
+            w = rt.check_prototype(cls, is_cls, sel, res, args)
+        except DeviceError as e:
+            if sel not in OPTIONAL_CALLS:
+                raise
+            w = f"{e}; every program will be compiled cold"
+        warnings += [w] if w else []
+    return warnings
 
 
 class Framework:
     """The loaded framework: the ObjC runtime, the four private classes, the checked prototypes."""
+
+    _has_exists: bool | None = None  # whether models respond to compiledModelExists (asked once)
 
     def __init__(self):
         self.rt = objc.runtime()
@@ -59,8 +80,7 @@ class Framework:
             raise DeviceError(f"cannot load {FRAMEWORK}: {e}") from None
         # Fact: all four classes are required (Orion's init refuses to start without one).
         self.classes = {name: self.rt.cls(name) for name in CLASSES}
-        self.warnings = [w for sel, (cls, is_cls, res, args) in PRIVATE_CALLS.items()
-                         if (w := self.rt.check_prototype(cls, is_cls, sel, res, args))]
+        self.warnings = check_calls(self.rt)
 
     def send(self, receiver, selector: str, *args):
         """A private message, through the prototype PRIVATE_CALLS gives it."""
@@ -105,9 +125,13 @@ class Framework:
 
     def compiled_model_exists(self, model: int) -> bool:
         """Fact: -compiledModelExists asks aned whether it holds a program for this hex id
-        (libane skips the compile when it does)."""
-        with self.rt.pool():
-            return bool(self.send(model, "compiledModelExists"))
+        (libane skips the compile when it does). A framework without it answers False."""
+        rt = self.rt
+        with rt.pool():
+            if self._has_exists is None:  # sending a selector the model lacks would abort us
+                sel = rt.sel("compiledModelExists")
+                self._has_exists = bool(rt.send(model, "respondsToSelector:", BOOL, [SEL], sel))
+            return self._has_exists and bool(self.send(model, "compiledModelExists"))
 
     def compile(self, model: int) -> None:
         rt = self.rt

@@ -30,6 +30,7 @@ from ..chip.profile import ChipProfile
 
 UNCAPPED = 10**9  # on hardware our own budget counter must not stop what the chip is asked
 MARK = "@@anelm-doctor "  # our lines on stdout; anything else the frameworks print is ignored
+EXIT_WAIT_S = 30.0  # for a child to exit after its last answer; then it is killed
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Isolated:
     observations: dict[str, Any] = field(default_factory=dict)  # probe -> its observation
     self_test: str | None = None  # None: not run; "": passed; else the failure
     error: str | None = None  # the child died, timed out or could not start
+    wedged: bool = False  # it stopped answering (timed out), rather than died
 
 
 def child_argv() -> list[str]:
@@ -65,15 +67,21 @@ def run_child(request: dict, timeout: float, argv: list[str] | None = None,
             proc.stdin.close()
         except BrokenPipeError:
             pass  # the child died before reading: its exit status says how
+        hung = False
         try:
             current = _collect(lines, result, timeout, observation)
         finally:
             if result.error and proc.poll() is None:
                 proc.kill()  # our own child, by its handle: it wedged
-            proc.wait(30)
+            try:
+                proc.wait(EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:  # it answered, then hung at exit: its answers stand
+                proc.kill()
+                proc.wait()
+                hung = True
         err.seek(0)
         tail = [ln for ln in err.read().splitlines() if ln.strip()][-1:]
-    if result.error is None and proc.returncode != 0:
+    if result.error is None and proc.returncode != 0 and not hung:
         result.error = f"the child process died: {_exit(proc.returncode)}" + (f"; last words: {tail[0]}" if tail else "")
     if current is not None and current not in result.observations:
         result.observations[current] = crashed(current, result.error or "the child process died")
@@ -103,6 +111,7 @@ def _collect(lines: queue.Queue, result: Isolated, timeout: float, observation) 
             event = lines.get(timeout=timeout)
         except queue.Empty:
             result.error = f"no answer for {timeout:.0f} s" + (f" during {current}" if current else "")
+            result.wedged = True
             return current
         if event is None or event["event"] == "done":
             return current

@@ -178,8 +178,8 @@ class Runtime:
     def ns(self, value) -> int | None:
         """Box a Python value as an autoreleased Foundation object (call inside a pool).
 
-        str → NSString, bytes → NSData (copied), bool/int → NSNumber, dict → NSDictionary,
-        list/tuple → NSArray, `Id` → itself, None → nil.
+        str → NSString, bytes → NSData (copied), bool/int (numpy's too) → NSNumber, dict →
+        NSDictionary, list/tuple → NSArray, `Id` → itself, None → nil.
         """
         if value is None or isinstance(value, Id):
             return value
@@ -189,10 +189,10 @@ class Runtime:
             data = bytes(value)
             return self.send(self.cls("NSData"), "dataWithBytes:length:", ID, [c_char_p, NSUInteger],
                              data, len(data))
-        if isinstance(value, bool):
-            return self.send(self.cls("NSNumber"), "numberWithBool:", ID, [BOOL], value)
-        if isinstance(value, int):
-            return self.send(self.cls("NSNumber"), "numberWithLongLong:", ID, [ctypes.c_longlong], value)
+        if isinstance(value, (bool, np.bool_)):
+            return self.send(self.cls("NSNumber"), "numberWithBool:", ID, [BOOL], bool(value))
+        if isinstance(value, (int, np.integer)):  # sizes from np.prod are numpy ints, not int
+            return self.send(self.cls("NSNumber"), "numberWithLongLong:", ID, [ctypes.c_longlong], int(value))
         if isinstance(value, dict):
             return self._nsdict(value)
         if isinstance(value, (list, tuple)):
@@ -233,7 +233,8 @@ class Runtime:
 
     def temporary_directory(self) -> str:
         """NSTemporaryDirectory(): the per-user folder the framework compiles into."""
-        return self.string(self.foundation.NSTemporaryDirectory())
+        with self.pool():  # it returns an autoreleased NSString: without a pool it leaks
+            return self.string(self.foundation.NSTemporaryDirectory())
 
     def constant(self, lib: ctypes.CDLL, name: str) -> Id:
         """An exported `const CFStringRef` such as kIOSurfaceWidth."""
@@ -351,7 +352,7 @@ class IOSurfaceBuffer:
         if offset < 0 or offset + raw.size > self.nbytes:
             raise ValueError(f"write of {raw.size} bytes at {offset} overruns a {self.nbytes}-byte surface")
         with self._rt.iosurface_locked(self.ref, LOCK_WRITE) as base:
-            ctypes.memmove(base + offset, raw.ctypes.data, raw.size)
+            ctypes.memmove(base + int(offset), raw.ctypes.data, raw.size)  # c_void_p takes no numpy int
 
     def read(self, nbytes: int | None = None, offset: int = 0) -> np.ndarray:
         """A copy of `nbytes` bytes from `offset` as uint8."""
@@ -360,7 +361,7 @@ class IOSurfaceBuffer:
             raise ValueError(f"read of {n} bytes at {offset} overruns a {self.nbytes}-byte surface")
         out = np.empty(n, dtype=np.uint8)
         with self._rt.iosurface_locked(self.ref, LOCK_READ_ONLY) as base:
-            ctypes.memmove(out.ctypes.data, base + offset, n)
+            ctypes.memmove(out.ctypes.data, base + int(offset), n)
         return out
 
     def release(self) -> None:

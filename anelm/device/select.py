@@ -3,7 +3,7 @@
     device = get_device("auto")   # prints `anelm: device: ...` on stderr
 
 `auto` uses the ANE only when its backend imports, reports itself available and passes its
-self-test (run in a child process, the verdict cached per machine and OS build); anything
+self-test (run in a child process, the verdict cached per machine, OS build and source); anything
 short of that falls back to the emulator, with the reason on stderr.
 Asking for `ane` explicitly when it cannot run is a one-line DeviceError.
 """
@@ -22,8 +22,8 @@ DEVICE_NAMES = ("auto", "ane", "emulator")
 def _try_ane(profile: ChipProfile) -> tuple[Device | None, str]:
     """(device, "") when the real backend works, else (None, reason).
 
-    The self-test runs in a child process (`selftest.verdict`, cached per machine and OS
-    build): an Objective-C exception or a SIGSEGV there costs the child, not this process.
+    The self-test runs in a child process (`selftest.verdict`, cached per machine, OS build
+    and source): an Objective-C exception or a SIGSEGV there costs the child, not this process.
     """
     try:
         from . import ane, selftest  # noqa: PLC0415 - only on demand: it binds private frameworks

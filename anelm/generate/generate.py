@@ -84,16 +84,20 @@ class GenerationResult:
     text: str  # their text, cut before a stop string
     prefill_ms: float  # prompt in, first token out
     decode_tokens_per_s: float  # the tokens after the first
-    finish_reason: str  # "eos", "stop", "length" (max_tokens) or "context" (model context full)
+    finish_reason: str  # "eos", "stop", "length" (max_tokens), "context" (model context full) or "interrupted"
 
 
 def generate(runner: Runner, tokenizer: Any, prompt_ids: Sequence[int], *, max_tokens: int = 128,
              sampler: Sampler = greedy, logits_processors: Sequence[LogitsProcessor] = (),
              stop: Sequence[str] = (), eos_ids: Sequence[int] | None = None,
-             on_text: Callable[[str], None] | None = None, cache: Cache | None = None) -> GenerationResult:
+             on_text: Callable[[str], None] | None = None, cache: Cache | None = None,
+             interruptible: bool = False) -> GenerationResult:
     """Generate up to `max_tokens` tokens; stop at EOS (the model's and the tokenizer's) or at
     any of the `stop` strings. `on_text` receives the text as it is produced. `cache`: see
-    `generate_step`; afterwards it holds the first `cache.length` of prompt + generated ids."""
+    `generate_step`; afterwards it holds the first `cache.length` of prompt + generated ids.
+    `interruptible`: Ctrl-C (KeyboardInterrupt) ends the generation with what it has so far,
+    reason "interrupted", instead of propagating (chat stops a reply, not the session). The
+    cache stays usable: a runner advances `cache.length` only once a position is stored."""
     check_sampling(max_tokens=max_tokens)
     eos = set(runner.config.eos_ids if eos_ids is None else eos_ids)
     if eos_ids is None and getattr(tokenizer, "eos_id", None) is not None:
@@ -104,17 +108,22 @@ def generate(runner: Runner, tokenizer: Any, prompt_ids: Sequence[int], *, max_t
         return out.result(list(prompt_ids), 0.0, 0.0, "length")
     t0 = time.perf_counter()
     times, reason = [], "context"
-    for token, _ in generate_step(runner, prompt_ids, sampler, logits_processors, cache):
-        times.append(time.perf_counter())
-        if token in eos:
-            reason = "eos"
-            break
-        if out.add(token):
-            reason = "stop"
-            break
-        if len(out.ids) >= max_tokens:
-            reason = "length"
-            break
+    try:
+        for token, _ in generate_step(runner, prompt_ids, sampler, logits_processors, cache):
+            times.append(time.perf_counter())
+            if token in eos:
+                reason = "eos"
+                break
+            if out.add(token):
+                reason = "stop"
+                break
+            if len(out.ids) >= max_tokens:
+                reason = "length"
+                break
+    except KeyboardInterrupt:
+        if not interruptible:
+            raise
+        reason = "interrupted"
     decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
     rate = (len(times) - 1) / decode_s if decode_s > 0 else 0.0
     return out.result(list(prompt_ids), (times[0] - t0) * 1e3 if times else 0.0, rate, reason)
@@ -146,9 +155,11 @@ class _Collector:
                     if s.startswith(text[-n:])), default=0)
 
     def _send(self, text: str) -> None:
-        if len(text) > self.sent and self.on_text is not None:
-            self.on_text(text[self.sent:])
-        self.sent = max(self.sent, len(text))
+        if len(text) > self.sent:
+            # counted as sent first: a Ctrl-C inside on_text must not stream the piece again
+            piece, self.sent = text[self.sent:], len(text)
+            if self.on_text is not None:
+                self.on_text(piece)
 
     def result(self, prompt_ids: list[int], prefill_ms: float, rate: float, reason: str) -> GenerationResult:
         text = self.stream.text(self.ids, final=True)

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..models.errors import InputError
+
+# Without a terminal (a log file, a pipe) there is no bar: a line this often instead, so a cold
+# run (programs built in its first windows, minutes on a real model) is never long silent.
+NOTICE_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,8 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 def perplexity(runner: Any, ids: Sequence[int], seq_len: int, progress: bool | None = None) -> Score:
     """Score `ids` with `runner` (anelm.generate.runner.Runner) in windows of `seq_len`.
 
-    `progress`: a bar on stderr (True), none (False), or only when stderr is a terminal (None).
+    `progress`: a bar on stderr (True), none (False), or (None) a bar when stderr is a terminal
+    and otherwise a notice line when it starts and about every NOTICE_EVERY_S seconds.
     """
     from tqdm import tqdm
 
@@ -63,13 +69,25 @@ def perplexity(runner: Any, ids: Sequence[int], seq_len: int, progress: bool | N
     if not parts:
         raise InputError(f"{len(ids)} token(s) give nothing to predict: expected at least 2 tokens")
     total = sum(len(w) - 1 for w in parts)
-    nll, argmax = 0.0, []
+    bar_on = progress if progress is not None else sys.stderr.isatty()
+    lines = progress is None and not bar_on
+    if lines:
+        _notice(f"perplexity: {total:,} predictions in {len(parts)} window(s) of up to {seq_len} tokens")
+    nll, argmax, last = 0.0, [], time.monotonic()
     with tqdm(total=total, unit="tok", desc="perplexity", file=sys.stderr, dynamic_ncols=True,
-              disable=None if progress is None else not progress) as bar:
-        for w in parts:
+              disable=not bar_on) as bar:
+        for k, w in enumerate(parts, 1):
             logits = runner.prefill(w, runner.new_cache())[:-1]  # [T-1, V]: the last predicts nothing here
             nll += float(token_nll(logits, np.asarray(w[1:])).sum())
             argmax += [int(i) for i in logits.argmax(axis=1)]
             bar.update(len(w) - 1)
             bar.set_postfix_str(f"ppl={math.exp(nll / len(argmax)):.3f}", refresh=False)
+            if lines and k < len(parts) and time.monotonic() - last >= NOTICE_EVERY_S:
+                last = time.monotonic()
+                _notice(f"perplexity: window {k}/{len(parts)}, {len(argmax):,}/{total:,} predictions, "
+                        f"ppl {math.exp(nll / len(argmax)):.3f} so far")
     return Score([t for w in parts for t in w], len(parts), total, nll / total, argmax)
+
+
+def _notice(msg: str) -> None:
+    print(f"anelm: {msg}", file=sys.stderr, flush=True)

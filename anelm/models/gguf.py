@@ -74,12 +74,33 @@ def _open(path: Path) -> Any:
     try:
         return Reader(path)
     except (ValueError, OSError, IndexError, UnicodeDecodeError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        msg = _truncation(Reader, path) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
         m = UNKNOWN_TYPE.search(msg)
         if m:  # the reader meets the type id while listing tensors, before we see any
             raise LoadError(f"{path}: unknown GGUF tensor type {m.group(1)}: expected a type the gguf "
                             "package reads (F32, F16, BF16, Q4_0 ... Q8_0, K-quants, IQ-quants)") from None
         raise LoadError(f"{path}: not a readable GGUF file ({msg})") from None
+
+
+def _truncation(reader: type, path: Path) -> str | None:
+    """What a failed read comes to when the file ends before a part its header declares (numpy
+    says "cannot reshape" or "index out of bounds" there): read again, each part checked. Only
+    after a failure: the check on every part would cost a good read ~100 ms."""
+    class Checked(reader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self.data):
+                raise EOFError(f"truncated: {len(self.data):,} bytes, and the header declares data up to "
+                               f"byte {end:,} at least; expected the whole file (an interrupted download?)")
+            return super()._get(offset, dtype, count, override_order)
+
+    try:
+        Checked(path)
+    except EOFError as e:
+        return str(e)
+    except Exception:  # noqa: BLE001 - any other failure is not a truncation: the first message stands
+        return None
+    return None
 
 
 def _dequantize(t: Any, path: Path) -> np.ndarray:

@@ -73,6 +73,18 @@ def load_bin(path: Path) -> np.ndarray:
     return np.memmap(path, dtype="<u2", mode="r")
 
 
+def check_data_path(data: str | Path | None) -> None:
+    """What `load_dataset` refuses about `--data` before reading it: a path that is not there,
+    a folder without .txt files, an empty file. Cheap, so a run checks it before its model loads."""
+    if data is None:
+        return
+    path = Path(data)
+    if path.is_file() and path.suffix == ".bin":
+        load_bin(path)
+    elif len(files := text_files(path)) == 1 and files[0].stat().st_size == 0:
+        raise DataError(f"data file {path} is empty; {_EXPECTED}")
+
+
 # ------------------------------------------------------------------------- tokenizers
 
 def train_bpe(files: list[Path], vocab_size: int, out_path: Path):

@@ -19,12 +19,14 @@ an existing non-empty DIR is refused, never overwritten.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_dir
 from ..errors import AnelmError
 from .checkpoint import latest_checkpoint
 
@@ -45,6 +47,9 @@ def export_run(run: str | Path, out: str | Path, merge: bool = False,
     from ..models.quantized import refuse_quantized
 
     run, out = Path(run), Path(out)
+    if not run.exists():
+        raise ExportError(f"{run} does not exist; expected a run folder written by anelm train, one of its "
+                          "checkpoint files (RUN/checkpoints/step-*.safetensors) or a .gguf file")
     refuse_quantized(run, "export")
     if run.is_dir() and (run / "adapter" / "adapter_config.json").is_file():
         return export_adapter(run, out, merge, base), None
@@ -89,30 +94,25 @@ def export_adapter(run: Path, out: Path, merge: bool, base: str | Path | None) -
 
 
 def _publish(out: Path, write) -> Path:
-    """`write(tmp)` into a temporary sibling of `out`, then rename it into place."""
+    """`write(tmp)` into a temporary sibling of `out`, then rename it into place (`atomic_dir`:
+    a killed export's leftovers go at the next one)."""
     _check_destination(out)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent if out.parent.exists() else None,
-                                prefix=f".{out.name}.export-"))
-    try:
+    with atomic_dir(out) as tmp:
         write(tmp)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(tmp), str(out))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
 def _check_destination(out: Path) -> None:
+    """`out` is new or an empty folder, and its folder takes writes: checked before any work
+    (quantize spends minutes before it writes)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} already exists and is not an empty folder; expected a new --out "
                           "folder (nothing was overwritten)")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.probe."))
     except OSError as e:
-        raise ExportError(f"cannot create {out}: {e.strerror or e}; expected a writable --out") from None
+        raise ExportError(f"cannot write {out}: {e.strerror or e}; expected a writable --out") from None
 
 
 def _write_folder(d: Path, config, weights: dict[str, np.ndarray], run: Path | None = None,

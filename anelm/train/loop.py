@@ -24,8 +24,11 @@ checkpoint and re-executes itself with `--resume` (`restart`), and carries on.
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -58,6 +61,11 @@ class Outcome:
     final_eval_loss: float | None
     wall_s: float                     # this process
     records: list[dict] = field(default_factory=list)  # step records of this process
+
+
+# Without a live bar (stderr not a terminal) a line per eval, every 10 % of the steps by default,
+# could leave a long run silent for hours: a progress line at least this often as well.
+PROGRESS_EVERY_S = 60.0
 
 
 class Trainer:
@@ -127,27 +135,64 @@ class Trainer:
         a, t_start, records = self.a, time.perf_counter(), []
         bar = Progress(a.steps, initial=self.step, disable=self._bar_disabled())
         self._say = bar.write if self.sync.is_main else (lambda m: None)
+        self._last_line = time.monotonic()
         try:
-            if self.pending_eval:  # a restart interrupted this step's eval: do it first
-                self._eval(bar)
-                self.save()  # now without the flag, so a later resume does not eval again
-            while self.step < a.steps:
-                if self._budget_would_overflow():
-                    self._restart_now(len(records))
-                data_state = self.batcher.state_dict()
-                try:
-                    rec = self._update()
-                except CompileBudgetExceeded:  # an uncounted compile before any state changed
-                    self.batcher.load_state_dict(data_state)
-                    self._restart_now(len(records))
-                records.append(rec)
-                self._recent = records
-                bar.update(self.step, rec["loss"], rec["tokens_per_s"])
-                self._after_step(bar, rec)
+            with self._stop_on_interrupt():
+                self._loop(bar, records)
         finally:
             bar.close()
             self.log.close()
         return Outcome(self.step, self.last_eval, time.perf_counter() - t_start, records)
+
+    @contextmanager
+    def _stop_on_interrupt(self):
+        """Ctrl-C (SIGINT) ends the run after the step in progress, with a checkpoint of the step
+        reached, so `--resume` goes on from it; a second Ctrl-C interrupts at once. Only a
+        single process in its main thread: ranks of a distributed run would stop at different
+        steps and wait on each other's all-reduce (torchrun stops them all)."""
+        self._stop = False
+        if self.sync.world > 1 or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def stop(signum, frame):
+            if self._stop:
+                raise KeyboardInterrupt
+            self._stop = True
+            self._say("anelm: interrupted: stopping after this step with a checkpoint (Ctrl-C again stops at once)")
+
+        previous = signal.signal(signal.SIGINT, stop)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _loop(self, bar, records: list) -> None:
+        """Steps to --steps, each with its record, eval and checkpoint as due (module doc)."""
+        a = self.a
+        if self.pending_eval:  # a restart interrupted this step's eval: do it first
+            self._eval(bar)
+            self.save()  # now without the flag, so a later resume does not eval again
+        while self.step < a.steps:
+            if self._budget_would_overflow():
+                self._restart_now(len(records))
+            data_state = self.batcher.state_dict()
+            try:
+                rec = self._update()
+            except CompileBudgetExceeded:  # an uncounted compile before any state changed
+                self.batcher.load_state_dict(data_state)
+                self._restart_now(len(records))
+            records.append(rec)
+            self._recent = records
+            bar.update(self.step, rec["loss"], rec["tokens_per_s"])
+            if self._stop:  # the step is done: keep it, its eval left to the resumed run
+                self.save(pending_eval=self.step % a.eval_every == 0 or self.step == a.steps)
+                self._say(f"anelm: saved the checkpoint of step {self.step} in {self.s.run}; "
+                          "--resume continues from it")
+                raise KeyboardInterrupt
+            self._after_step(bar, rec)
+            if bar.bar.disable and time.monotonic() - self._last_line >= PROGRESS_EVERY_S:
+                self._line(f"anelm: step {self.step}/{a.steps}{self._pace()}")
 
     def _bar_disabled(self) -> bool | None:
         if self.progress_enabled is None:
@@ -235,8 +280,13 @@ class Trainer:
         self.last_eval, self.pending_eval = value, False
         self._plot()
         if bar.bar.disable:  # no live bar (not a terminal): a line per eval instead
-            self._say(f"anelm: step {self.step}/{self.a.steps}: eval loss {value:.4f}{self._pace()}")
+            self._line(f"anelm: step {self.step}/{self.a.steps}: eval loss {value:.4f}{self._pace()}")
         return value
+
+    def _line(self, msg: str) -> None:
+        """A progress line in place of the bar; the next periodic one is due PROGRESS_EVERY_S later."""
+        self._say(msg)
+        self._last_line = time.monotonic()
 
     def _pace(self) -> str:
         """", train loss L, N tok/s, ETA" from this process's records so far."""

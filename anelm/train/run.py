@@ -26,7 +26,7 @@ import numpy as np
 from ..atomic import atomic_open
 from ..errors import UsageError
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
-from .data import Dataset, load_dataset, vocab_size_of
+from .data import Dataset, check_data_path, load_dataset, vocab_size_of
 from .errors import TrainError
 from .init import init_weights, load_pretrained, model_config, weight_shapes
 from .presets import TRAIN_DEFAULTS, get_preset
@@ -87,6 +87,10 @@ def _fresh(run: Path, explicit: dict, extra: dict) -> RunSetup:
     preset = explicit.get("preset") or "tiny"
     if explicit.get("init_from") and explicit.get("preset"):
         raise UsageError("--preset and --init-from both name the model; expected one of them")
+    # what needs no model fails before one loads (seconds): the flags (but --warmup, judged
+    # against the preset's --steps), a --data path that is not there or is empty
+    TrainSettings.merge({**explicit, "warmup": None}).check()
+    check_data_path(explicit.get("data"))
     if explicit.get("init_from"):
         cfg, weights, tok = load_pretrained(explicit["init_from"])
         if tok is None and not explicit.get("tokenizer"):

@@ -250,6 +250,59 @@ def test_chat_refuses_a_line_that_is_not_utf8_and_goes_on(model_dir, capsys, mon
                       "expected UTF-8 text"]
 
 
+def test_ctrl_c_stops_the_reply_not_the_chat(model_dir, capsys, monkeypatch, tmp_path):
+    """Issue 28: Ctrl-C while a reply streams ends that reply (a newline, a notice) and the next
+    message is answered, with the words the stopped reply got out kept in the conversation;
+    Ctrl-C at the prompt ends the chat cleanly. A reply cut at --max-tokens says so."""
+    import io
+
+    from anelm.generate.pipeline import DeviceRunner
+
+    class CtrlCAtTheEnd(io.StringIO):
+        def readline(self, *a):
+            return super().readline(*a) or (_ for _ in ()).throw(KeyboardInterrupt)
+
+    chat_dir, fed = words_chat(tmp_path, model_dir, monkeypatch, CtrlCAtTheEnd("w5 w6\nw7\n"))
+    decode, calls = DeviceRunner.decode, []
+
+    def ctrl_c_at_the_second_decode(self, token, cache):
+        calls.append(token)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return decode(self, token, cache)
+
+    monkeypatch.setattr(DeviceRunner, "decode", ctrl_c_at_the_second_decode)
+    rc, out, err = cli(capsys, "chat", "--model", str(chat_dir), "--temperature", "0", "--max-tokens", "3")
+    stopped, second = out.split("\n")[:-1]
+    assert rc == 0 and len(stopped.split()) == 2 and second, (out, err)  # two tokens got out
+    assert fed == [[5, 6], [5, 6] + ids(stopped) + [7]]  # the stopped reply stays in the conversation
+    notices = [line for line in err.replace("> ", "").splitlines() if line.startswith("anelm: reply")]
+    assert notices[0] == "anelm: reply stopped (Ctrl-C); Ctrl-C at the prompt or Ctrl-D ends the chat"
+    assert len(second.split()) == 3 and notices[1:] == ["anelm: reply cut at --max-tokens 3"], second
+    assert err.endswith("> \n") and "interrupted" not in err
+
+
+def test_ctrl_c_before_the_reply_begins_withdraws_the_message(model_dir, capsys, monkeypatch, tmp_path):
+    import io
+
+    from anelm.generate.pipeline import DeviceRunner
+
+    chat_dir, fed = words_chat(tmp_path, model_dir, monkeypatch, io.StringIO("w5 w6\nw7\n"))
+    prefill, calls = DeviceRunner.prefill, []
+
+    def ctrl_c_in_the_first_prefill(self, ids, cache, **kw):
+        calls.append(list(ids))
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return prefill(self, ids, cache, **kw)
+
+    monkeypatch.setattr(DeviceRunner, "prefill", ctrl_c_in_the_first_prefill)
+    rc, out, err = cli(capsys, "chat", "--model", str(chat_dir), "--temperature", "0", "--max-tokens", "2")
+    assert rc == 0 and out.startswith("\n") and out.count("\n") == 2, (out, err)
+    assert calls == [[5, 6], [7]]  # the withdrawn message is not in the second prompt
+    assert "the message was withdrawn" in err
+
+
 def test_a_prompt_that_is_not_utf8_is_one_usage_error(model_dir, capsys):
     d, _ = model_dir
     rc, out, err = cli(capsys, "generate", "--model", str(d), "--prompt", "w5 \udcff")  # as sys.argv holds it

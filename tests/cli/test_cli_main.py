@@ -61,6 +61,25 @@ def test_one_notice_prints_once_per_command_even_when_the_filters_are_reset(tmp_
     assert len(lines) == 1, lines
 
 
+def test_a_notice_during_a_progress_bar_prints_above_it(capsys):
+    """Issue 28: the SRAM notice (a program built in perplexity's first window) landed inside the
+    bar's line; it goes above the bar, which is drawn again below it."""
+    import sys
+
+    from tqdm import tqdm
+
+    from anelm.cli import main as cli_main
+
+    cli_main._shown.clear()
+    with tqdm(total=4, file=sys.stderr, disable=False, desc="perplexity") as bar:
+        bar.update(1)
+        cli_main._show_warning(UserWarning("a program's SRAM working set exceeds"), UserWarning, cli_main.__file__, 1)
+        bar.update(1)
+    err = capsys.readouterr().err
+    line, = [line for line in err.split("\n") if "anelm: warning" in line]
+    assert line.split("\r")[-1] == "anelm: warning: a program's SRAM working set exceeds", repr(err)
+
+
 @pytest.mark.parametrize("argv, imported", [(["--help"], set()), (["generate", "--help"], {"generate"})])
 def test_the_cli_imports_only_the_command_it_runs(argv, imported):
     """Building every subcommand imported all of anelm (~1.8 s before `anelm --help` printed)."""
@@ -75,3 +94,54 @@ def test_the_cli_imports_only_the_command_it_runs(argv, imported):
     loaded = set(json.loads(out.strip().splitlines()[-1].replace("'", '"')))
     commands = {f"anelm.cli.{module}" for module, _ in SUBCOMMANDS.values()}
     assert loaded & commands == {f"anelm.cli.{SUBCOMMANDS[c][0]}" for c in imported}
+
+
+ANE_OFF_A_MAC = "--device ane requested but the Apple Neural Engine is unavailable: not macOS"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["generate", "--model", "M", "--device", "ane"], ANE_OFF_A_MAC),
+    (["generate", "--model", "M", "--adapter", "NOPE"], "--adapter NOPE does not exist: expected a PEFT LoRA folder"),
+    (["chat", "--model", "M", "--device", "ane"], ANE_OFF_A_MAC),
+    (["chat", "--model", "M", "--adapter", "M"], "no adapter_config.json in M"),
+    (["perplexity", "--model", "M", "--data", "TEXT", "--seq-len", "1"], "--seq-len 1 is too short"),
+    (["perplexity", "--model", "M", "--data", "EMPTY"], "data file EMPTY is empty: expected UTF-8 text"),
+    (["perplexity", "--model", "M", "--data", "TEXT", "--adapter", "NOPE"], "--adapter NOPE does not exist"),
+    (["perplexity", "--model", "M", "--data", "TEXT", "--device", "ane"], ANE_OFF_A_MAC),
+    (["finetune", "--model", "M", "--data", "EMPTY"], "data file EMPTY is empty"),
+    (["finetune", "--model", "M", "--data", "NOPE"], "data path NOPE does not exist"),
+    (["finetune", "--model", "M", "--data", "TEXT", "--seq-len", "1"], "--seq-len: expected at least 2, got 1"),
+    (["finetune", "--model", "M", "--data", "TEXT", "--device", "ane"], ANE_OFF_A_MAC),
+    (["train", "--init-from", "M", "--data", "EMPTY"], "data file EMPTY is empty"),
+    (["train", "--init-from", "M", "--data", "TEXT", "--seq-len", "1"], "--seq-len: expected at least 2, got 1"),
+    (["train", "--init-from", "M", "--data", "TEXT", "--device", "ane"], ANE_OFF_A_MAC),
+])
+def test_flags_that_need_no_model_fail_before_it_loads(argv, says, tmp_path, monkeypatch, capsys):
+    """Issue 28: each of these waited for the model to load (6-13 s on a real one) to fail."""
+    import sys
+
+    from anelm.models import loading
+
+    if "ane" in argv and sys.platform == "darwin":
+        pytest.skip("a Mac may have the ANE")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "M").mkdir()
+    (tmp_path / "TEXT").write_text("some text to score\n")
+    (tmp_path / "EMPTY").write_text("")
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    rc = main(argv + (["--out", "RUN"] if argv[0] in ("train", "finetune") else []))
+    err = capsys.readouterr().err
+    assert rc in (1, 2) and err.count("\n") == 1 and err.startswith("anelm: error: ") and says in err, err
+    assert not (tmp_path / "RUN").exists()
+
+
+def test_a_missing_adapter_fails_at_once_in_a_fresh_process(tmp_path):
+    """The check imports the adapter module first thing in a process (where nothing else has)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "M").mkdir()
+    r = subprocess.run([sys.executable, "-m", "anelm", "generate", "--model", str(tmp_path / "M"), "--adapter",
+                        str(tmp_path / "NOPE")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr == (f"anelm: error: --adapter {tmp_path / 'NOPE'} does not exist: expected a "
+                                              "PEFT LoRA folder or a finetune RUN folder (RUN/adapter/)\n"), r.stderr

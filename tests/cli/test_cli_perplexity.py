@@ -86,3 +86,18 @@ def test_text_that_is_not_utf8_is_refused(model, capsys, tmp_path):
     bad.write_bytes("caf\xe9 w5 w6".encode("latin-1"))
     rc, _, err = cli(capsys, "perplexity", "--model", str(d), "--data", str(bad))
     assert rc == 1 and "is not UTF-8 text" in err
+
+
+def test_without_a_terminal_progress_is_notice_lines(model, capsys, monkeypatch):
+    """Issue 28: stderr that is not a terminal (a log, a pipe) got nothing for minutes of a cold
+    run; now a line at the start and one about every NOTICE_EVERY_S (0 here: each window)."""
+    from anelm.generate import perplexity
+
+    monkeypatch.setattr(perplexity, "NOTICE_EVERY_S", 0.0)
+    d, _, text, _ = model
+    rc, out, err = cli(capsys, "perplexity", "--model", str(d), "--data", str(text), "--seq-len", "32")
+    lines = [line for line in err.splitlines() if line.startswith("anelm: perplexity:")]
+    assert rc == 0 and lines[0] == "anelm: perplexity: 96 predictions in 4 window(s) of up to 32 tokens"
+    assert [line.split(",")[0] for line in lines[1:]] == [f"anelm: perplexity: window {k}/4" for k in (1, 2, 3)]
+    assert lines[1].startswith("anelm: perplexity: window 1/4, 31/96 predictions, ppl ") and "so far" in lines[1]
+    assert "\r" not in err  # no bar

@@ -7,7 +7,9 @@ what anelm must get right:
   that forgets to re-create it fails here as it would on a Mac;
 - aned keeps compiled programs by hex id across processes (`Aned`, shared between fakes
   that stand for two processes), and `compiledModelExists` reads it;
-- every retained object is tracked in `live`, so leaks and double releases show.
+- every retained object is tracked in `live`, so leaks and double releases show;
+- the NoCopy blobs it is handed are kept as addresses, not references (as NSData does), so
+  a backend that lets one be freed is not saved by the fake.
 It evaluates only the self-test's program (y = x + 0.5); anything else copies x to y.
 """
 
@@ -22,7 +24,7 @@ import numpy as np
 
 from anelm.device.ane import SELF_TEST_MIL
 from anelm.device.base import Surface
-from anelm.device.objc import ObjCError
+from anelm.device.objc import ObjCError, buffer_address
 
 
 class Aned:
@@ -44,9 +46,9 @@ class FakeFramework:
         self.live: dict[int, str] = {}  # retained object -> what it is
         self.models: dict[int, dict] = {}
         self.calls: list[tuple[str, str]] = []  # (call, hex id or "")
-        self.fail_unloads = self.fail_compiles = 0  # how many of the next calls fail
+        self.fail_unloads = self.fail_compiles = self.fail_loads = 0  # how many of the next calls fail
         self.requests_made = 0
-        self.received_weights: list[dict] = []
+        self.received_weights: list[dict] = []  # per new_model: key -> (address, length)
         self._ids = itertools.count(0x1000)
 
     def _new(self, kind: str) -> int:
@@ -59,7 +61,7 @@ class FakeFramework:
         return str(self.tmp)
 
     def new_model(self, mil_text: bytes, weights: dict) -> tuple[int, str]:
-        self.received_weights.append(weights)
+        self.received_weights.append({k: buffer_address(v) for k, v in weights.items()})
         h = hashlib.sha256(bytes(mil_text))
         for key in sorted(weights):
             h.update(key.encode() + hashlib.sha256(weights[key]).digest())
@@ -85,6 +87,9 @@ class FakeFramework:
     def load(self, ptr: int) -> None:
         m, folder = self.models[ptr], self._folder(ptr)
         self.calls.append(("load", m["hex"]))
+        if self.fail_loads:
+            self.fail_loads -= 1
+            raise ObjCError("loadWithQoS", "com.apple.appleneuralengine", -4, "load failed")
         if m["hex"] not in self.aned.programs:
             raise ObjCError("loadWithQoS", "com.apple.appleneuralengine", -4, "no compiled program")
         if not (folder / "model.mil").is_file() or (folder / "model.mil").read_bytes() != m["mil"]:

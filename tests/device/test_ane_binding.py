@@ -34,7 +34,7 @@ def test_import_loads_nothing():
     code = """
 import ctypes, json, os, sys
 import numpy, anelm.device.base
-import platform, shutil, subprocess, threading, weakref, collections, hashlib  # stdlib the backend uses: part of the baseline
+import platform, shutil, subprocess, tempfile, threading, weakref, collections, hashlib  # stdlib the backend uses: part of the baseline
 opened = []
 _init = ctypes.CDLL.__init__
 def spy(self, name, *a, **k):

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
+from anelm.cli.main import main
+from anelm import caches
 from anelm.device import ane, selftest
 from anelm.device.emulator import Emulator
 from anelm.device.select import get_device
 from anelm.device import isolate
+from anelm.doctor import Isolated
 
 from ane_fake import FakeFramework
 
@@ -81,3 +85,44 @@ def test_the_verdict_is_per_os_build(mac, monkeypatch):
     monkeypatch.setattr(selftest, "identity", lambda: {**build, "os_build": "Darwin Kernel Version 99"})
     child(PASSES)
     assert selftest.verdict() == (True, "the backend passed its self-test") and len(children) == 2
+
+
+def test_a_failure_is_replayed_for_minutes_only(mac):
+    child, children = mac
+    child(SEGFAULT)
+    assert selftest.verdict()[0] is False
+    path = selftest.verdict_path()
+    record = json.loads(path.read_text())
+    record["at"] = time.time() - 600  # ten minutes ago: aned may have been busy after boot
+    path.write_text(json.dumps(record))
+    child(PASSES)
+    assert selftest.verdict() == (True, "the backend passed its self-test") and len(children) == 2
+    child("raise SystemExit('a pass is kept: no child')")
+    assert selftest.verdict()[0] is True and len(children) == 2
+
+
+def test_an_edit_to_anelm_tests_again(mac, monkeypatch):
+    child, children = mac
+    child(SEGFAULT)
+    assert selftest.verdict()[0] is False
+    monkeypatch.setattr(caches, "source_fingerprint", lambda: "the sources after a fix")
+    child(PASSES)
+    assert selftest.verdict() == (True, "the backend passed its self-test") and len(children) == 2
+
+
+def test_doctor_records_the_self_test_it_ran(mac, monkeypatch, capsys):
+    child, children = mac
+    child(SEGFAULT)
+    assert selftest.verdict()[0] is False  # a failure cached by an earlier `--device auto`
+    monkeypatch.setattr("anelm.doctor.run_isolated", lambda *a, **k: Isolated(self_test=""))  # it passes now
+    assert main(["doctor", "--probe", "op.add", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"]["name"] == "ane"
+    child("raise SystemExit('the doctor measured it: no child')")
+    assert selftest.verdict() == (True, "the backend passed its self-test") and len(children) == 1
+
+
+def test_a_child_that_hangs_at_exit_is_killed_and_its_answer_stands(mac, monkeypatch):
+    child, _ = mac
+    child(PASSES + "; import time; time.sleep(120)")  # answers, then never exits
+    monkeypatch.setattr(isolate, "EXIT_WAIT_S", 0.5, raising=False)
+    assert selftest.run_in_child() == (True, "the backend passed its self-test")

@@ -8,6 +8,7 @@ profile back from the observations it produced.
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from anelm.device.emulator import Emulator
 from anelm.chip.profile import STRICT, ChipProfile
 from anelm.doctor import BUDGET_PROBE, all_probes, derive_profile, format_table, rel_err, rows, run_isolated, run_suite
+from anelm.doctor import isolate
 from anelm.doctor.harness import Observation
 from anelm.doctor.suite import select
 from anelm.errors import UsageError
@@ -120,6 +122,46 @@ def test_child_process_runs_probes_and_survives_a_wedge():
         {"op.add": "ok", "bind.outputs": "alphabetical"}
     res = run_isolated("emulator", STRICT, ["op.add"], timeout=0.001)  # no answer in time: killed, reported
     assert res.error and "no answer" in res.error
+
+
+# The doctor's child with extra probes after op.add, each of which kills its process on purpose
+BAD_PROBES = """
+import ctypes, sys, time
+from anelm.doctor import isolate, suite
+from anelm.doctor.harness import Probe
+
+def crash(h):
+    ctypes.string_at(0)  # SIGSEGV, as a private call with a wrong assumption gives
+
+def wedge(h):
+    time.sleep(120)
+
+bad = [Probe(name, 1, "kills its process on purpose", run, lambda prof: "ok") for name, run in {probes}]
+real = suite.all_probes
+suite.all_probes = lambda *a, **k: real(*a, **k)[:1] + bad + real(*a, **k)[1:]
+sys.exit(isolate.child_main())
+"""
+
+
+def child_with(monkeypatch, probes: str) -> None:
+    monkeypatch.setattr(isolate, "child_argv", lambda: [sys.executable, "-c", BAD_PROBES.format(probes=probes)])
+
+
+def test_a_probe_that_crashes_its_child_hides_no_later_one(monkeypatch):
+    child_with(monkeypatch, '[("op.crash", crash), ("op.crash_again", crash)]')
+    res = run_isolated("emulator", STRICT, ["op.add", "op.crash", "op.crash_again", "op.sub", "bind.outputs"])
+    assert res.error is None and {k: o.outcome for k, o in res.observations.items()} == {
+        "op.add": "ok", "op.crash": "crash", "op.crash_again": "crash", "op.sub": "ok", "bind.outputs": "alphabetical"}
+    assert "SIGSEGV" in res.observations["op.crash"].detail and "SIGSEGV" in res.observations["op.crash_again"].detail
+
+
+@pytest.mark.slow
+def test_a_second_wedge_in_a_row_ends_the_suite(monkeypatch):
+    child_with(monkeypatch, '[("op.wedge", wedge), ("op.wedge_again", wedge)]')
+    res = run_isolated("emulator", STRICT, ["op.add", "op.wedge", "op.wedge_again", "op.sub"], timeout=5)
+    assert {k: o.outcome for k, o in res.observations.items()} == {"op.add": "ok", "op.wedge": "crash",
+                                                                   "op.wedge_again": "crash"}
+    assert res.wedged and "no answer for 5 s during op.wedge_again" in res.error  # op.sub: not run
 
 
 def test_hardware_child_off_a_mac_reports_why():

@@ -154,3 +154,24 @@ def test_a_cache_holding_the_prompts_start_is_continued():
         next(generate_step(runner, list(range(8)), cache=held))
     with pytest.raises(ContextError, match="the prompt is 21 tokens"):
         next(generate_step(runner, list(range(21)), cache=cache))
+
+
+def test_ctrl_c_ends_an_interruptible_generation_with_what_it_has(bytes_tok):
+    """Chat's Ctrl-C (issue 28): the reply stops, the text so far and its ids come back, and the
+    cache holds exactly the positions that ran; without `interruptible` the interrupt goes on."""
+    script = bytes_tok.encode("abcdefgh") + [EOS] * 5
+
+    def stop_after(n, pieces):
+        def on_text(piece):
+            pieces.append(piece)
+            if len(pieces) == n:
+                raise KeyboardInterrupt
+        return on_text
+
+    runner, pieces = ScriptRunner(script), []
+    cache = runner.new_cache()
+    res = generate(runner, bytes_tok, [65], on_text=stop_after(3, pieces), cache=cache, interruptible=True)
+    assert (res.text, "".join(pieces), res.finish_reason) == ("abc", "abc", "interrupted")
+    assert res.ids == bytes_tok.encode("abc") and cache.length == 1 + 2  # "c" was never run
+    with pytest.raises(KeyboardInterrupt):
+        generate(ScriptRunner(script), bytes_tok, [65], on_text=stop_after(3, []))

@@ -14,6 +14,7 @@ import pytest
 
 import hf_tiny
 
+from anelm import caches
 from anelm.chip.profile import STRICT
 from anelm.device import base
 from anelm.device.disk_cache import HEADER
@@ -224,29 +225,29 @@ def _read_fingerprint(root):
 def test_the_remembered_source_fingerprint_is_the_files_and_follows_an_edit(tmp_path, monkeypatch):
     root = _tree(tmp_path / "pkg", {"a.py": "x = 1\n", "sub/b.py": "y = 2\n", "g.lark": "start: x\n",
                                     "notes.txt": "not a source"})
-    first = program_store.tree_fingerprint(root)
+    first = caches.tree_fingerprint(root)
     assert first == _read_fingerprint(root)
     memos = list((tmp_path / "cache" / "programs" / "sources").iterdir())
     assert len(memos) == 1 and memos[0].read_text() == first
     reads = []
     real_open = open
     monkeypatch.setattr("builtins.open", lambda p, *a, **k: reads.append(p) or real_open(p, *a, **k))
-    assert program_store.tree_fingerprint(root) == first and not [p for p in reads if str(p).endswith(".py")]
+    assert caches.tree_fingerprint(root) == first and not [p for p in reads if str(p).endswith(".py")]
     monkeypatch.undo()
     monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path / "cache"))
     _tree(tmp_path / "pkg", {"sub/b.py": "y = 3\n"})  # same size, new bytes and time
-    assert program_store.tree_fingerprint(root) == _read_fingerprint(root) != first
+    assert caches.tree_fingerprint(root) == _read_fingerprint(root) != first
     _tree(tmp_path / "pkg", {"c.py": ""})  # a new file
-    assert program_store.tree_fingerprint(root) == _read_fingerprint(root)
+    assert caches.tree_fingerprint(root) == _read_fingerprint(root)
 
 
 def test_a_damaged_memo_is_not_trusted_and_a_fresh_tree_is_not_remembered(tmp_path):
     root = _tree(tmp_path / "pkg", {"a.py": "x = 1\n"})
-    want = program_store.tree_fingerprint(root)
+    want = caches.tree_fingerprint(root)
     (memo,) = (tmp_path / "cache" / "programs" / "sources").iterdir()
     memo.write_text("not a digest")
-    assert program_store.tree_fingerprint(root) == want and memo.read_text() == want  # rewritten
+    assert caches.tree_fingerprint(root) == want and memo.read_text() == want  # rewritten
     fresh = _tree(tmp_path / "new", {"a.py": "x = 2\n"}, age_s=0)  # edited within the clock's resolution
     memo.unlink()
-    assert program_store.tree_fingerprint(fresh) == _read_fingerprint(fresh)
+    assert caches.tree_fingerprint(fresh) == _read_fingerprint(fresh)
     assert not list((tmp_path / "cache" / "programs" / "sources").iterdir())

@@ -276,6 +276,16 @@ def test_unknown_tensor_type_is_one_line_error(tmp_path, capsys):
     assert "unknown GGUF tensor type 99" in err
 
 
+@pytest.mark.parametrize("keep", [0.5, 1000, 10])
+def test_a_truncated_gguf_says_so(smollm_gguf, tmp_path, capsys, keep):
+    """An interrupted download: the file ends inside its tensors, its metadata or its header."""
+    data = smollm_gguf.read_bytes()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(data[:int(len(data) * keep) if keep < 1 else keep])
+    err = one_line_error(capsys, "generate", "--model", str(path), "--prompt", "hi")
+    assert "not a readable GGUF file (truncated:" in err or (keep == 10 and "not a readable GGUF file" in err), err
+
+
 def test_a_type_gguf_cannot_dequantize_is_one_line_error(tmp_path, capsys):
     path, _ = tiny_gguf(tmp_path, "gpt2", as_numpy={"output_norm.weight": np.int32})
     err = one_line_error(capsys, "generate", "--model", str(path), "--prompt", "hi")

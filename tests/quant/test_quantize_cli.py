@@ -104,3 +104,44 @@ def test_writing_commands_refuse_the_folder(folders, tmp_path, capsys, argv):
 def test_w8a8_needs_data(tiny, tmp_path, capsys):
     rc, _, err = cli(capsys, "quantize", "--model", str(tiny[0]), "--out", str(tmp_path / "x"), "--scheme", "w8a8")
     assert rc == 2 and err.startswith("anelm: error: ") and "--data" in err
+
+
+def test_an_unwritable_out_fails_before_any_work(tiny, monkeypatch, capsys):
+    """/proc takes no new folders, as a read-only file system would not: refused before the
+    model loads (quantizing takes minutes), and the folders quantized before are readable
+    by others: 0755 (the umask's), not mkdtemp's private 0700."""
+    import anelm.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded the model first"))
+    rc, _, err = cli(capsys, "quantize", "--model", str(tiny[0]), "--out", "/proc/self/anelm-q", "--data", str(tiny[1]))
+    assert rc == 1 and err.startswith("anelm: error: cannot write /proc/self/anelm-q"), err
+
+
+def test_quantized_folders_take_the_umasks_modes(folders):
+    import os
+    import stat
+
+    for q in folders.values():
+        assert stat.S_IMODE(os.stat(q).st_mode) == 0o777 & ~_umask()
+        assert stat.S_IMODE(os.stat(q / "model.safetensors").st_mode) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_a_folder_larger_than_its_source_says_so(capsys):
+    from anelm.quant.command import print_summary
+
+    report = {"scheme": "w8", "source_ppl": 10.0, "quantized_ppl": 10.1, "ppl_ratio": 1.01, "eval_tokens": 256,
+              "source_bytes": 300 << 20, "quantized_bytes": 150 << 20, "max_activation": 3.0,
+              "file_bytes": 214 << 20, "source_file_bytes": 98 << 20}  # SmolLM2's Q4_1 GGUF, as the issue met it
+    print_summary(report)
+    err = capsys.readouterr().err
+    assert "214 MiB on disk, more than its source's 98 MiB" in err
+    print_summary({**report, "file_bytes": 90 << 20})
+    assert "on disk" not in capsys.readouterr().err

@@ -248,3 +248,17 @@ def test_resume_before_the_first_checkpoint_starts_over_identically(tmp_path, da
     train(again)
     loss = lambda s: {r["step"]: r["loss"] for r in read_metrics(s.run) if "loss" in r}  # noqa: E731
     assert loss(again) == loss(straight)
+
+
+def test_without_a_bar_a_progress_line_comes_at_least_every_progress_every_s(tmp_path, data_file, monkeypatch,
+                                                                            capsys):
+    """Issue 28: without a terminal the only lines were the evals' (10 % of the steps), so a long
+    run could be silent for hours; a step line now comes whenever PROGRESS_EVERY_S (0 here) passed."""
+    monkeypatch.setattr(loop, "PROGRESS_EVERY_S", 0.0)
+    setup = make_setup(tmp_path, data_file, steps=4, eval_every=4)
+    train(setup)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("anelm: step ")]
+    heads = [line.split(",")[0].split(": eval")[0] for line in lines]
+    assert heads[:4] == ["anelm: step 1/4", "anelm: step 2/4", "anelm: step 3/4", "anelm: step 4/4"]
+    assert ": eval loss " in lines[3]  # the eval's line is one of them
+    assert all("train loss" in line and "tok/s" in line and "ETA" in line for line in lines)

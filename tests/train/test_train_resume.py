@@ -133,3 +133,29 @@ def test_resume_needs_a_run(tmp_path, capsys):
     assert "nothing to resume" in msg
     msg = error_of(capsys, ["train", "--resume"], code=2)
     assert "--resume needs --out" in msg
+
+
+def test_ctrl_c_saves_the_step_reached_and_resume_continues(runs, env):
+    """SIGINT stops after the step in progress with its checkpoint (no periodic one before the
+    end here), exit 130; the resumed run logs the straight run's losses."""
+    import time
+
+    base, data, e = env
+    out = base / "interrupted"
+    proc = cli(flags(data, out, **{"save-every": 1000}), e)
+    deadline = time.monotonic() + 120
+    while len(losses(out) if (out / "metrics.jsonl").is_file() else {}) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its second step"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    reached = max(losses(out))
+    assert reached < STEPS and f"checkpoint of step {reached}" in err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{reached:06d}.safetensors"]
+    resumed = cli(["--out", str(out), "--resume", "--device", "emulator"], e)
+    _, err_r = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err_r[-2000:]
+    a, b = losses(base / "straight"), losses(out)
+    assert sorted(b) == list(range(1, STEPS + 1))
+    assert max(abs(a[s] - b[s]) for s in a) <= 1e-4
