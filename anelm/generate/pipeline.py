@@ -242,14 +242,17 @@ class DeviceRunner:
         cache.reserve(self.plan.tier(n - 1))  # room for n positions, in the tier decode reads next
         x = np.zeros((1, d, 1, seq), np.float32)
         x[0, :, 0, :n] = self.cpu.embed(ids, np.arange(n)).T / self.stream_scale  # [n, D] -> [D, n]
+        x[..., n:] = x[..., n - 1:n]  # padding: the last token again (below)
         for i in range(len(self.layers)):
             lora = self.lora_inputs[i]
             out = self._kernel("prefill", i, seq).run({"x": x, **lora}, exact=(*lora, *(() if i == 0 else ("x",))))
             cache.fill(i, out["k"].reshape(-1, seq)[:, :n], out["v"].reshape(-1, seq)[:, :n])  # [Hkv,1,Dh,S] -> [C, n]
             x = out["y"]
-            # Padding columns restart from zeros: masked keys get exactly zero probability, but
-            # 0·inf is NaN, so a padding value grown to inf over the layers would leak into real rows.
-            x[..., n:] = 0
+            # Padding columns restart as copies of the last real column: causal attention keeps
+            # them out of real rows, but a masked key's zero probability times an inf value is
+            # NaN, so they must stay finite; zeros were not real inputs, and through Gemma's
+            # post-norms they reached an int8 down projection's sum of ~127,000 (real ones: 808)
+            x[..., n:] = x[..., n - 1:n]
         cache.advance(n)
         return x[0, :, 0, :n].T.astype(np.float32) * self.stream_scale  # [D, n] -> [n, D]
 
@@ -315,7 +318,7 @@ class DeviceRunner:
             return compile_graph(graph, profile)
 
         blobs = self._blobs[i]
-        if blobs is None:  # no store, or int8 linears (a quantized folder): built every time
+        if blobs is None:  # no store, or a weight neither blob-backed nor an int8 linear: built every time
             return build()
         parts = {"kind": kind, "name": name, "size": size, "shape": repr(s), "family": type(s.family).__qualname__,
                  **self._shared_recipe(), "rope": self._rope_digest(i)}

@@ -28,20 +28,15 @@ weights, out of reach.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import os
 import struct
-import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import xxhash
 
-from ..atomic import atomic_open
-from ..caches import cache_dir
+from ..caches import cache_dir, source_fingerprint
 from ..compiler.artifact import Artifact, Signature
 from ..compiler.passes.validate import sram_notice
 from ..device.disk_cache import DiskCache
@@ -55,65 +50,6 @@ _LENGTH = struct.Struct("<Q")  # the JSON header's length, before it
 def digest(data) -> str:
     """XXH3-128 of a bytes-like object, as hex (module doc: why this hash)."""
     return xxhash.xxh3_128_hexdigest(data)
-
-
-@functools.lru_cache(maxsize=1)
-def source_fingerprint() -> str:
-    """A digest of every source file of the anelm package (code, grammar, bundled data), once
-    per process (`tree_fingerprint`)."""
-    return tree_fingerprint(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def tree_fingerprint(root: str) -> str:
-    """A digest of the sources under `root`. Reading ~1 MB of them takes 20-60 ms here, their
-    sizes and modification times ~3 ms: the digest is remembered in the cache folder under a
-    digest of those (as git's index trusts a file whose stat is unchanged) and read back while
-    they stay the same."""
-    files, stats = _source_files(root), xxhash.xxh3_128()
-    newest = 0
-    for rel, path in files:
-        st = os.stat(path)
-        stats.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        newest = max(newest, st.st_mtime_ns)
-    memo = cache_dir("programs", "sources") / f"{stats.hexdigest()}.txt"
-    try:
-        text = memo.read_text(encoding="ascii")
-        if len(text) == 32 and all(c in "0123456789abcdef" for c in text):
-            return text
-    except (OSError, UnicodeDecodeError):
-        pass
-    h = xxhash.xxh3_128()
-    for rel, path in files:
-        with open(path, "rb") as f:
-            data = f.read()
-        h.update(rel.encode() + b"\0" + _LENGTH.pack(len(data)))
-        h.update(data)
-    fingerprint = h.hexdigest()
-    # a file changed within the clock's resolution of this read could keep its stat: such a
-    # fresh tree is hashed again next time rather than trusted (git's "racy" rule)
-    if time.time_ns() - newest > _RACY_NS:
-        try:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_open(memo, "w", encoding="ascii") as f:
-                f.write(fingerprint)
-        except OSError:
-            pass  # a read-only cache costs the shortcut, not the key
-    return fingerprint
-
-
-_RACY_NS = 2_000_000_000  # coarser than any filesystem's modification-time granularity
-
-
-def _source_files(root: str) -> list[tuple[str, str]]:
-    """(path relative to the package, path) of its sources, in a fixed order (plain strings:
-    pathlib's parsing alone cost 10 ms over the package)."""
-    out = []
-    for folder, subfolders, files in os.walk(root):
-        subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")  # a walk in a fixed order
-        for name in sorted(f for f in files if f.endswith((".py", ".lark", ".json"))):
-            path = os.path.join(folder, name)
-            out.append((path[len(root) + 1:], path))
-    return out
 
 
 class LayerBlobs:
