@@ -55,14 +55,34 @@ def rms_norm_graph(b, x, weight, eps: float = 1e-5, name: str = "rms"):
 
     return plain_rms(b, x, weight, eps, name)
 
-def kill_after(procs, checkpoint: Path, wait_s: float, jitter_s: float) -> list[int]:
+def kill_after(procs, checkpoint: Path, wait_s: float, jitter_s: float, late=None) -> list[int]:
     """SIGKILL every process of `procs` (one job) at a random moment up to `jitter_s` after
     `checkpoint` appears ("at any moment" after the first checkpoint), or once one of them has
-    ended or `wait_s` has passed; their return codes."""
+    ended or `wait_s` has passed; their return codes. `late()`: true once the run is so near its
+    end that the kill must come now (on a fast machine the jitter could outlast the run)."""
     deadline = time.time() + wait_s
     while not checkpoint.exists() and all(p.poll() is None for p in procs) and time.time() < deadline:
         time.sleep(0.005)
-    time.sleep(random.uniform(0.0, jitter_s))
+    until = time.time() + random.uniform(0.0, jitter_s)
+    while time.time() < until and not (late is not None and late()):
+        time.sleep(0.002)
     for p in procs:
         p.send_signal(signal.SIGKILL)
     return [p.wait() for p in procs]
+
+
+def steps_logged(run: Path) -> int:
+    """The highest step of a run's metrics.jsonl so far (0 when none; a line being written is skipped)."""
+    import json
+
+    step = 0
+    try:
+        lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        try:
+            step = max(step, int(json.loads(line).get("step", 0)))
+        except (ValueError, AttributeError):
+            continue
+    return step

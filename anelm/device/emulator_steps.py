@@ -8,7 +8,8 @@ that bookkeeping costs more than the arithmetic. `BoundPlan` does it once per pl
 - values live in the slots of a list, consts placed in a template at bind time;
 - an op whose plain compute (or its fp32 accumulator's `Saturated` wrapper) has a `bind` in
   the op table runs as that compute specialised to the step's params and operand shapes, and
-  a one-column conv on a resident fp16 weight as `ResidentConv`'s one-column product; every
+  a one-column conv on a resident fp16 weight as `ResidentConv`'s one-column product, one on
+  int8 weights as `W8Conv.column`; every
   other step calls its own compute with its dict of operands, as `Plan.run` does;
 - a fresh float32 result of a bound op is rounded to fp16 in place by the rounding loop itself
   (under `strict`'s rounder, and counted for the overflow watch in the same pass); other
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..ir.ops import OP_TABLE, raw_compute
 from .emulator_accum import Saturated, saturate
+from .emulator_int8 import W8Conv
 from .emulator_matvec import ResidentConv
 from .emulator_plan import Plan, Step
 from .fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted
@@ -48,8 +50,11 @@ def _bound_compute(st: Step, plan: Plan) -> Callable[..., Any] | None:
     fn, limit = st.fn, None
     if isinstance(fn, Saturated):
         fn, limit = fn.compute, fn.limit
-    if isinstance(fn, ResidentConv) and names == ["x"] and shapes[0][0] * math.prod(shapes[0][2:]) == 1:
+    one_column = names == ["x"] and shapes[0][0] * math.prod(shapes[0][2:]) == 1
+    if isinstance(fn, ResidentConv) and one_column:
         bound, limit = fn.column, fn.limit  # a decode token's product, without the per-call checks
+    elif isinstance(fn, W8Conv) and fn.column is not None and one_column and len(shapes[0]) == 4:
+        return fn.column  # an int8 decode product: its limit and row scale applied, fp16 values
     elif op.bind is not None and fn is raw_compute(op) and names == [n for n in op.inputs if n in names]:
         bound = op.bind(st.params, shapes)
     else:

@@ -8,7 +8,8 @@ This store is asked first, by a key over what determines the program (`recipe_ke
     and safe: an edit anywhere makes every entry a miss, rebuilt and rewritten);
   - the recipe: kind, size, layer shape, adapter slots, columns, the chip profile's
     behaviours and the inputs of the rope tables (the caller's `parts`);
-  - the layer's weights, by digest (`LayerBlobs`, hashed once per layer per process).
+  - the layer's weights, by digest (`LayerBlobs`, hashed once per layer per process); an int8
+    linear (`kernels.int8.QLinear`, its q blob-backed) by its int8 file and its small fields.
 
 An entry (in `cache_dir("programs")`, a `device.disk_cache.DiskCache`: bounded like the
 kernel store, safe for concurrent processes, a damaged entry is a miss) holds the MIL text,
@@ -40,6 +41,7 @@ from ..caches import cache_dir, source_fingerprint
 from ..compiler.artifact import Artifact, Signature
 from ..compiler.passes.validate import sram_notice
 from ..device.disk_cache import DiskCache
+from ..kernels.int8 import QLinear
 from ..mil.blob import backing_file
 
 FORMAT = 1  # the entry's layout: a change makes older entries misses, rebuilt and rewritten
@@ -73,14 +75,27 @@ class LayerBlobs:
                 if a is None:
                     h.update(f"{name}.{part}=None;".encode())
                     continue
+                if isinstance(a, QLinear):  # an int8 linear: its int8 file and its small fields
+                    a, small = a.q, repr([(f, _field(getattr(a, f))) for f in _QFIELDS])
+                    h.update(f"{name}.{part}.q8={small};".encode())
                 if not isinstance(a, np.ndarray):
-                    return None  # an int8 linear (a quantized folder): those programs build as before
-                file = backing_file(a, "fp16") if part == "w" else None
+                    return None  # anything else: those programs build as before
+                file = backing_file(a, "fp16" if a.dtype != np.int8 else "int8") if part == "w" else None
                 d = digest(file) if file is not None else digest(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
                 if file is not None:
                     files[d] = file
                 h.update(f"{name}.{part}={a.dtype.str}{list(a.shape)}:{d};".encode())
         return cls(files, h.hexdigest())
+
+
+_QFIELDS = ("scale", "shift", "act_scale", "keep", "keep_w", "in_gain")  # QLinear's fields besides q
+
+
+def _field(v) -> str:
+    """A QLinear field in the layer's digest: an array by dtype, shape and digest, else repr."""
+    if isinstance(v, np.ndarray):
+        return f"{v.dtype.str}{list(v.shape)}:{digest(np.ascontiguousarray(v).reshape(-1).view(np.uint8))}"
+    return repr(v)
 
 
 def _memory(buf) -> tuple[int, int]:

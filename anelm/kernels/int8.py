@@ -41,6 +41,7 @@ import numpy as np
 
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
+from ..mil.blob import blob_backed
 from ..models.quantized import InputQuant, QuantPlan, quantize_rows
 
 
@@ -78,6 +79,7 @@ def qlinear(w: np.ndarray, iq: InputQuant, gain: np.ndarray | None = None) -> QL
         w = w.copy()
         w[:, iq.keep] = 0.0  # those channels go through the fp16 side product
     q, scale = quantize_rows(w)
+    q = blob_backed(q, "int8")  # its BLOBFILE's payload: the programs' blob is this memory (program_store)
     keep = None if keep_w is None else np.asarray(iq.keep, np.int64)
     return QLinear(q, scale, iq.shift, iq.act_scale, keep, keep_w, gain)
 

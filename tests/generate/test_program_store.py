@@ -251,3 +251,40 @@ def test_a_damaged_memo_is_not_trusted_and_a_fresh_tree_is_not_remembered(tmp_pa
     memo.unlink()
     assert caches.tree_fingerprint(fresh) == _read_fingerprint(fresh)
     assert not list((tmp_path / "cache" / "programs" / "sources").iterdir())
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """scheme -> (config, weights) of the tiny word model quantized by `anelm quantize`."""
+    from anelm.cli.main import main  # noqa: PLC0415
+
+    root = tmp_path_factory.mktemp("q8")
+    hf_tiny.make_word_model(root / "llama")
+    text = root / "text.txt"
+    ids = np.random.default_rng(3).integers(3, 96, 200).tolist()
+    text.write_text(" ".join(hf_tiny.WORDS[i] for i in ids) + "\n", encoding="utf-8")
+    out = {}
+    for scheme in ("w8", "w8a8"):
+        assert main(["quantize", "--model", str(root / "llama"), "--out", str(root / scheme), "--scheme", scheme,
+                     "--data", str(text), "--calib-tokens", "64", "--eval-tokens", "64", "--device", "emulator"]) == 0
+        config, weights, _ = load_model(root / scheme)
+        out[scheme] = (config, weights)
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["w8", "w8a8"])
+def test_int8_layers_are_stored_and_served_from_their_int8_weights(quantized, scheme, monkeypatch):
+    """A quantized folder's runner (int8 linears, issue 28) finds its programs warm too: the
+    cold programs and logits, nothing built, the int8 blobs the runner's own q arrays."""
+    config, weights = quantized[scheme]
+    assert getattr(weights, "quant", None) is not None
+    builds = Builds(monkeypatch)
+    cold, cold_logits = generate(config, weights, Emulator(NOBUDGET))
+    assert len(builds.names) == 2 * config.num_hidden_layers
+    builds.forbid()
+    warm, warm_logits = generate(config, weights, Emulator(NOBUDGET))
+    assert warm_logits.tobytes() == cold_logits.tobytes()
+    assert programs(warm) == programs(cold)
+    q = next(w.q for w, _ in warm.layers[0].values() if hasattr(w, "q"))
+    blobs = [b for kern in warm.kernels.values() for b in kern.artifact.weights.values()]
+    assert any(isinstance(b, memoryview) and np.shares_memory(np.frombuffer(b, np.uint8), q) for b in blobs)

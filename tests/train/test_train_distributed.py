@@ -30,7 +30,7 @@ from anelm.cli.main import main
 from anelm.train.corpus import write_corpus
 from anelm.train.metrics import read_metrics
 
-from helpers import kill_after
+from helpers import kill_after, steps_logged
 
 STEPS = 8
 pytestmark = pytest.mark.slow
@@ -135,7 +135,8 @@ def jobs(env):
                          daemon=True).start()
     killed_dir = base / "killed"
     victims = ranks(flags(data, killed_dir), e)
-    codes = kill_after(victims, killed_dir / "checkpoints" / "step-000002.safetensors", 180, 0.5)  # the whole job
+    codes = kill_after(victims, killed_dir / "checkpoints" / "step-000002.safetensors", 180, 0.5,  # the whole job
+                       late=lambda: steps_logged(killed_dir) >= STEPS - 2)
     ran = max(losses(killed_dir), default=0)
     (_, err_resumed), _ = finish(ranks(["--out", str(killed_dir), "--resume", "--device=emulator"], e))
     finish([one, two])

@@ -25,7 +25,7 @@ from anelm.train.checkpoint import OPT_PREFIX, latest_checkpoint, load_checkpoin
 from anelm.train.metrics import read_metrics
 
 import hf_tiny
-from helpers import kill_after
+from helpers import kill_after, steps_logged
 
 STEPS = 12
 
@@ -87,7 +87,8 @@ def straight_and_killed(base, e, p):
     straight, killed = base / f"straight-{p}", base / f"killed-{p}"
     straight_proc = cli(flags(base, straight, dropout=p), e)
     proc = cli(flags(base, killed, dropout=p), e)
-    kill_after([proc], killed / "checkpoints" / "step-000003.safetensors", 180, 0.5)
+    kill_after([proc], killed / "checkpoints" / "step-000003.safetensors", 180, 0.5,
+               late=lambda: steps_logged(killed) >= STEPS - 2)
     ran = max(losses(killed), default=0)
     resumed = cli(["--out", str(killed), "--resume", "--device", "emulator"], e)
     _, err_r = resumed.communicate(timeout=400)

@@ -17,7 +17,7 @@ from anelm.cli.main import main
 from anelm.train.corpus import write_corpus
 from anelm.train.metrics import read_metrics
 
-from helpers import kill_after
+from helpers import kill_after, steps_logged
 
 STEPS = 24
 
@@ -64,7 +64,8 @@ def runs(env):
     straight = cli(flags(data, base / "straight"), e)
     killed_dir = base / "killed"
     proc = cli(flags(data, killed_dir), e)
-    kill_after([proc], killed_dir / "checkpoints" / "step-000003.safetensors", 120, 1.0)
+    kill_after([proc], killed_dir / "checkpoints" / "step-000003.safetensors", 120, 1.0,
+               late=lambda: steps_logged(killed_dir) >= STEPS - 2)
     ran = max(losses(killed_dir), default=0)
     resumed = cli(["--out", str(killed_dir), "--resume", "--device", "emulator"], e)
     out_r, err_r = resumed.communicate(timeout=300)
