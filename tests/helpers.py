@@ -72,17 +72,7 @@ def kill_after(procs, checkpoint: Path, wait_s: float, jitter_s: float, late=Non
 
 
 def steps_logged(run: Path) -> int:
-    """The highest step of a run's metrics.jsonl so far (0 when none; a line being written is skipped)."""
-    import json
+    """The highest step of a run's metrics.jsonl so far (0 when none; a torn line is skipped)."""
+    from anelm.train.metrics import read_metrics
 
-    step = 0
-    try:
-        lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return 0
-    for line in lines:
-        try:
-            step = max(step, int(json.loads(line).get("step", 0)))
-        except (ValueError, AttributeError):
-            continue
-    return step
+    return max((int(r.get("step", 0)) for r in read_metrics(run)), default=0)

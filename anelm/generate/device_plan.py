@@ -129,8 +129,8 @@ class DeviceCache:
     A sliding-window layer (`rings[layer]` = R, its window rounded up to the spatial multiple)
     keeps a ring: position p in column p mod R, so its decode programs read R columns at most,
     whatever the position (Gemma 3's local layers: 512 of a 4096-position context). Attention
-    is over a set of keys, so their order in the ring changes nothing; `ring_mask` hides the
-    columns outside the window.
+    is over a set of keys, so their order in the ring changes nothing; `kernels.decode.decode_mask`
+    hides the columns outside the window.
 
     While decoding, each layer also has a request of its decode program (`Kernel.request`)
     whose input surfaces hold that layer's cache for the tier in use: filled once when the tier
@@ -154,17 +154,17 @@ class DeviceCache:
         ring = self.rings[layer]
         return tier if ring is None else min(tier, ring)
 
-    def slot(self, layer: int, position: int) -> int:
-        """The column that holds `position` in layer `layer`."""
+    def slot(self, layer: int, position):
+        """The column that holds `position` (an int or an array of them) in layer `layer`."""
         ring = self.rings[layer]
         return position if ring is None else position % ring
 
     def fill(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store positions 0..n-1 (k, v `[C, n]`, a prefill's) of a layer: a ring keeps the last R."""
         n, ring = k.shape[1], self.rings[layer]
-        cols = np.arange(n) if ring is None else np.arange(max(0, n - ring), n)
-        self.k[layer][:, cols % ring if ring else cols] = k[:, cols]
-        self.v[layer][:, cols % ring if ring else cols] = v[:, cols]
+        kept = np.arange(n) if ring is None else np.arange(max(0, n - ring), n)
+        cols = self.slot(layer, kept)  # positions -> columns (mod R in a ring)
+        self.k[layer][:, cols], self.v[layer][:, cols] = k[:, kept], v[:, kept]
 
     @property
     def width(self) -> int:

@@ -65,7 +65,7 @@ from ..kernels.lora import layer_lora, plan_slots
 from ..kernels.prefill import prefill_layer
 from ..mil.blob import backing_file, blob_backed
 from ..models.errors import AdapterError
-from ..models.layers import rope_inv_freq, rope_tables
+from ..models.layers import layer_inv_freqs, rope_tables
 from ..models.loading import build_model
 from ..models.names import layer_prefix, layer_weights, target_roles
 from ..runtime.kernel import Kernel
@@ -141,13 +141,8 @@ class DeviceRunner:
         if consume:  # what the CPU side no longer holds as it was (the float32 head) goes too
             for k in [k for k, a in weights.items() if self.cpu.weights.get(k) is not a]:
                 del weights[k]
-        # each layer's RoPE frequencies (Gemma's local and global layers differ), one array per distinct base
-        self.inv_freqs: list[np.ndarray | None] = [None] * n
-        if self.rope:
-            bases: dict[str, np.ndarray] = {}
-            for i in range(n):
-                key = repr(config.rope(i))  # (base, scaling): what fixes the frequencies
-                self.inv_freqs[i] = bases.setdefault(key, rope_inv_freq(config.head_dim, *config.rope(i)))
+        # each layer's RoPE frequencies (Gemma's local and global layers differ), shared per base
+        self.inv_freqs: list[np.ndarray | None] = layer_inv_freqs(config) if self.rope else [None] * n
         self.kernels: dict[tuple[str, int, int], Kernel] = {}  # (kind, layer, size), compiled on first use
         self._recipe: tuple | None = None  # (lora slots, the recipe parts every layer shares)
         self._rope_digests: dict[int, str] = {}  # id of an inv_freq array -> its recipe part

@@ -58,9 +58,9 @@ class LayerShape:
 def layer_shape(config, index: int = 0) -> LayerShape:
     """The LayerShape of layer `index` of a model config (anelm.models.config)."""
     f = family_for(config.model_type)
-    window = config.window(index) if f.rotary else None  # GPT-2's config has no per-layer kinds
     return LayerShape(f, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                      config.head_dim, float(f.norm_eps(config)), f.attention_scale(config, index), window=window)
+                      config.head_dim, float(f.norm_eps(config)), f.attention_scale(config, index),
+                      window=config.window(index))
 
 
 STREAM_PEAK = 4096.0  # the largest stream value the kernels should carry (stream_scale_for)

@@ -299,6 +299,7 @@ class Gemma3TextConfig(LlamaConfig):
 
 ModelConfig = LlamaConfig | Qwen3Config | GPT2Config | Gemma3TextConfig
 
+
 def config_class(model_type: Any, source: str = "config") -> type:
     """The config class of HF `model_type` (its architecture's, `registry.py`)."""
     from .registry import MODEL_TYPES, module, resolve

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import llama
 from .config import Gemma3TextConfig
-from .layers import apply_rope, attention, gelu_tanh, linear, rms_norm, rope_inv_freq, rope_tables
+from .layers import apply_rope, attention, gelu_tanh, layer_inv_freqs, per_distinct, rms_norm, rope_tables
 from .registry import LLAMA_MODULES
 
 Config = Gemma3TextConfig
@@ -91,24 +91,19 @@ class Model(llama.Model):
     def __init__(self, config: Gemma3TextConfig, weights: dict[str, np.ndarray]):
         super().__init__(config, weights)
         c = config
-        self.inv_freqs = {i: rope_inv_freq(c.head_dim, *c.rope(i)) for i in range(c.num_hidden_layers)}
+        self.inv_freqs = layer_inv_freqs(c)
         self.scale = 1.0 / math.sqrt(c.query_pre_attn_scalar)
         # HF multiplies by the scale cast to the weights' dtype: √640 as a float32
         self.embed_scale = np.float32(math.sqrt(c.hidden_size))
-        self.writer_peak = 0.0  # the largest o or down projection output seen (stream_peak)
 
-    def positions(self, pos: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Each layer's (cos, sin); one table per distinct base, shared by its layers."""
-        by_base: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
-        for inv in self.inv_freqs.values():
-            if inv.tobytes() not in by_base:
-                by_base[inv.tobytes()] = rope_tables(pos, inv)
-        return {i: by_base[inv.tobytes()] for i, inv in self.inv_freqs.items()}
+    def positions(self, pos: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each layer's (cos, sin), one table per distinct base, shared by its layers."""
+        return per_distinct(self.inv_freqs, lambda inv: rope_tables(pos, inv))
 
     def embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         return np.asarray(self.weights["model.embed_tokens.weight"][ids], np.float32) * self.embed_scale
 
-    def attend(self, i: int, h: np.ndarray, rope: dict, cache) -> np.ndarray:
+    def attend(self, i: int, h: np.ndarray, rope: list, cache) -> np.ndarray:
         p, eps = f"model.layers.{i}.self_attn.", self.config.rms_norm_eps
         q, k, v = self.qkv(i, h)
         q, k = norm(q, self.weights[p + "q_norm.weight"], eps), norm(k, self.weights[p + "k_norm.weight"], eps)
@@ -124,12 +119,11 @@ class Model(llama.Model):
         g = self.project(i, "mlp.gate_proj", h)
         return self.project(i, "mlp.down_proj", gelu_tanh(g) * self.project(i, "mlp.up_proj", h))
 
-    def block(self, i: int, x: np.ndarray, rope: dict, cache) -> np.ndarray:
+    def block(self, i: int, x: np.ndarray, rope: list, cache) -> np.ndarray:
         p, eps, w = f"model.layers.{i}.", self.config.rms_norm_eps, self.weights
         a = self.attend(i, norm(x, w[p + "input_layernorm.weight"], eps), rope, cache)
         x = x + norm(a, w[p + "post_attention_layernorm.weight"], eps)
         m = self.mlp(i, norm(x, w[p + "pre_feedforward_layernorm.weight"], eps))
-        self.writer_peak = max(self.writer_peak, float(np.abs(a).max()), float(np.abs(m).max()))
         return x + norm(m, w[p + "post_feedforward_layernorm.weight"], eps)
 
     def stream_bound(self) -> float:

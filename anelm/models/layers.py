@@ -78,6 +78,27 @@ def _llama3_scale(inv: np.ndarray, s: dict) -> np.ndarray:
     return np.where((wavelen >= hi_wavelen) & (wavelen <= lo_wavelen), blended, out)
 
 
+def layer_inv_freqs(config) -> list[np.ndarray]:
+    """Each layer's frequencies (`config.rope(i)`: Gemma's local and global layers differ), one
+    array per distinct base and scaling, shared by the layers that use it (`per_distinct`)."""
+    made: dict[str, np.ndarray] = {}
+    for i in range(config.num_hidden_layers):
+        key = repr(config.rope(i))
+        if key not in made:
+            made[key] = rope_inv_freq(config.head_dim, *config.rope(i))
+    return [made[repr(config.rope(i))] for i in range(config.num_hidden_layers)]
+
+
+def per_distinct(arrays: list, make) -> list:
+    """`make(a)` for each of `arrays`, made once per distinct array (by identity): each layer's
+    RoPE tables, computed once per base."""
+    made: dict[int, object] = {}
+    for a in arrays:
+        if id(a) not in made:
+            made[id(a)] = make(a)
+    return [made[id(a)] for a in arrays]
+
+
 def rope_tables(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin, each [T, hd/2], for absolute positions [T]."""
     ang = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, hd/2]

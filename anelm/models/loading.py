@@ -8,7 +8,6 @@ class comes from the module named by `model_type` (`anelm/models/<model_type>.py
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -22,6 +21,7 @@ from .config import ModelConfig, config_class, config_from_dict
 from .errors import LoadError
 from .llama2c import read_llama2c
 from .quantized import QuantizedWeights, quant_config, scheme_of, unpack
+from .registry import module
 from .safetensors_io import SafetensorsError, read_safetensors
 from .tokenizer import Tokenizer, find_tokenizer, load_tokenizer
 
@@ -32,7 +32,7 @@ STEP_FILE = re.compile(r"step-(\d+)\.safetensors")
 def architecture(model_type: str) -> ModuleType:
     """The module that implements `model_type`: exports Config, Model, sanitize, expected_shapes."""
     config_class(model_type)  # one-line error for a type we do not support
-    return importlib.import_module(f"anelm.models.{model_type}")
+    return module(model_type)
 
 
 def build_model(config: ModelConfig, weights: dict[str, np.ndarray]) -> CausalLM:

@@ -105,8 +105,7 @@ class DeviceTrainStep:
         bank = DynamicBank if pipeline == "dynamic" else StaticBank
         # lora: kernels.training.LoraLayout, the adapter blocks of the LoRA step (lora_step.py)
         windows = tuple(config.window(i) for i in range(self.n_layers))  # sliding-window layers' own masks
-        self.bank = bank(self.kernel_dims, device, self.w, self.n_layers, family_for(config.model_type), lora,
-                         windows if any(windows) else None)
+        self.bank = bank(self.kernel_dims, device, self.w, self.n_layers, family_for(config.model_type), lora, windows)
         self._pool = WorkQueue("anelm-dw")
         self._blas = share_blas_between(2)  # device evals and dW run BLAS concurrently
         # the forward pass may take every core, but for small matrices (the tiny preset) the

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..models.config import Gemma3TextConfig
+from ..models.layers import layer_inv_freqs, per_distinct, rope_full_width, rope_tables
 from . import cpu_ops as ops
 from .step import DeviceTrainStep
 
@@ -47,20 +48,20 @@ class GemmaTrainStep(DeviceTrainStep):
 
     def _tables(self, seq: int, batch: int):
         """Each layer's (cos, sin) `[hd, B·S]`, one pair per distinct RoPE base."""
-        pos, by_base, tables = np.tile(np.arange(seq), batch), {}, []
-        for i in range(self.n_layers):
-            base = self.cfg.rope(i)
-            if repr(base) not in by_base:
-                by_base[repr(base)] = ops.rope_tables(self.cfg.head_dim, pos, *base)
-            tables.append(by_base[repr(base)])
-        return tables, None
+        pos = np.tile(np.arange(seq), batch)
+
+        def full(inv):
+            cos, sin = rope_tables(pos, inv)
+            return rope_full_width(cos), rope_full_width(sin)
+
+        return per_distinct(layer_inv_freqs(self.cfg), full), None
 
     def _rope(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         return self._cos[i]  # where `_begin` keeps `_tables`' first entry
 
     def _gain(self, i: int | None, role: str) -> np.ndarray:
-        """A norm's gain as applied, 1 + w (i None: the final norm)."""
-        return F32(1.0) + (self.w[self.final_norm] if i is None else self._w(i, role))
+        """A norm's gain as applied, 1 + w (the family's `gain_offset`; i None: the final norm)."""
+        return F32(self.bank.family.gain_offset) + (self.w[self.final_norm] if i is None else self._w(i, role))
 
     def _norm(self, x: np.ndarray, i: int | None, role: str) -> tuple[np.ndarray, np.ndarray]:
         return ops.rmsnorm_fwd(x, self._gain(i, role), self.cfg.rms_norm_eps)
