@@ -27,7 +27,8 @@ MAX_MODULE_LINES = 400
 # stray sweep, the quantize size note, the truncated-GGUF message (issue 28).
 # + 146: int8 on the emulator at fp16's pace (issue 28: W8 register tiles and a bound int8 decode
 # product, int8 layers in the program store).
-MAX_PACKAGE_LINES = 25726
+# + 1: the review of that round (one per-layer RoPE table for the reference, runner and step).
+MAX_PACKAGE_LINES = 25727
 
 
 def line_counts() -> dict[str, int]:
