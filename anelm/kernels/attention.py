@@ -29,6 +29,25 @@ def causal_mask(seq: int, keys: int | None = None, offset: int = 0, window: int 
     return np.where(seen, 0.0, MASK_VALUE).astype(np.float32)[None, None]
 
 
+def example_mask(positions: np.ndarray, width: int | None = None, window: int | None = None) -> np.ndarray:
+    """`[W, W]` additive mask of one packed sequence: query i sees key j when both are in the same
+    example (an example starts where its position is 0), j ≤ i, and with a sliding `window`,
+    position_i − position_j < window. Columns past the S positions (a kernel's padding to
+    `width`) are never seen by real queries; padding queries see keys causally, as with the
+    const mask, so every row has a key and stays finite."""
+    pos = np.asarray(positions).reshape(-1)
+    s = len(pos)
+    width = s if width is None else width
+    seg = np.cumsum(pos == 0)
+    i, j = np.arange(s)[:, None], np.arange(s)[None, :]
+    seen = (seg[:, None] == seg[None, :]) & (j <= i)
+    if window is not None:
+        seen &= pos[:, None] - pos[None, :] < window
+    out = np.where(np.tril(np.ones((width, width), bool)), 0.0, MASK_VALUE).astype(np.float32)
+    out[:s, :s] = np.where(seen, 0.0, MASK_VALUE)
+    return out
+
+
 def split_heads(b: GraphBuilder, x: Value, heads: int, groups: int, head_dim: int, name: str) -> Value:
     """[1, heads·groups·Dh, 1, S] -> [heads, groups, Dh, S]."""
     s = x.shape[3]

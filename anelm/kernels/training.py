@@ -80,6 +80,9 @@ class Dims:
     act: str = "silu"  # the gate's activation in ffn_up: "silu" or "gelu_tanh" (Gemma)
     attn_scale: float | None = None  # the score scale; None: 1/√hd
     window: int | None = None  # a sliding window of keys (Gemma's local layers); None: all before
+    # the attention kernels take their additive mask `[S_q, S_k]` as an input `mask` rather than
+    # a const: packed sequences of several examples, each attending only within itself
+    mask_input: bool = False
 
     @property
     def q(self) -> int:
@@ -206,6 +209,7 @@ def _with_adapters(kind: str, ins: dict[str, Packed], lora: LoraLayout) -> dict[
 
 def _plain_layouts(m: Dims) -> dict[str, dict[str, Packed]]:
     D, F, Q, KV = m.d, m.f, m.q, m.kv
+    mask = {"mask": Packed(m.s, ("mask",))} if m.mask_input else {}  # row = query, column = key
     if not m.gated:  # GPT-2: h = W_fc·x2n up, its dx W_fcᵀ·dh (bias and GELU on the CPU)
         return {**_plain_layouts(replace(m, gated=True)),
                 "ffn_up": {"x": Packed(D, ("x2n",), (("w1", F),))},
@@ -221,9 +225,9 @@ def _plain_layouts(m: Dims) -> dict[str, dict[str, Packed]]:
         # two inputs: Wq has Q rows, Wk/Wv have KV rows (strict allows several, uniform sizes)
         "qkv_dx": {"dkv_w": Packed(KV, ("dk", "dv"), (("wk", D), ("wv", D))),
                    "dq_w": Packed(Q, ("dq",), (("wq", D),))},
-        "sdpa_fwd": {"k": Packed(KV, ("kr",)), "q": Packed(Q, ("qr",)), "v": Packed(KV, ("v",))},
+        "sdpa_fwd": {"k": Packed(KV, ("kr",)), "q": Packed(Q, ("qr",)), "v": Packed(KV, ("v",)), **mask},
         "sdpa_bwd": {"da": Packed(Q, ("dattn",)), "k": Packed(KV, ("kr",)),
-                     "q": Packed(Q, ("qr",)), "v": Packed(KV, ("v",))},
+                     "q": Packed(Q, ("qr",)), "v": Packed(KV, ("v",)), **mask},
     }
 
 

@@ -3,8 +3,9 @@
 Heads use the inference kernels' layout (`anelm.kernels.attention`): queries `[Hkv, G, hd, S]`
 (query head h = kv·G + g reads KV head kv = h // G, HF's GQA mapping), keys and values
 `[Hkv, 1, hd, S]`, broadcast over G by matmul, so GQA needs no tiling and no concat. The
-additive causal mask is a const (hardware SDPA ignores masks, strict §2.5). Inputs arrive
-after RoPE (RoPE and its inverse stay on the CPU).
+additive causal mask is a const (hardware SDPA ignores masks, strict §2.5), or with
+`Dims.mask_input` an input `[1, S_q, 1, S_k]` the CPU writes per sequence (packed examples see
+only their own tokens). Inputs arrive after RoPE (RoPE and its inverse stay on the CPU).
 
 With P the probabilities `[Hkv, G, S_q, S_k]`, dO the attention-output gradient `[.., hd, S_q]`:
     dP  = dOᵀ·V                          dV = Σ_G dO·P
@@ -31,7 +32,10 @@ def _probs(k, qh: Value, kh: Value) -> Value:
     b, m = k.b, k.m
     sc = b.matmul(qh, kh, transpose_x=True, name="scores")            # [Hkv, G, S_q, S_k]
     scaled = b.mul(sc, m.scale, name="scaled")
-    mask = b.const(causal_mask(m.s, window=m.window), name="mask", dtype="fp16", blob=True)  # [1, 1, S, S]
+    if m.mask_input:
+        mask = b.reshape(k.act("mask"), [1, 1, m.s, m.s], name="mask")  # [1, S_q, 1, S_k] -> [1, 1, S_q, S_k]
+    else:
+        mask = b.const(causal_mask(m.s, window=m.window), name="mask", dtype="fp16", blob=True)  # [1, 1, S, S]
     return b.softmax(b.add(scaled, mask, name="masked"), axis=-1, name="probs")
 
 

@@ -217,30 +217,39 @@ def classifier_fwd(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return w @ x
 
 
+IGNORE = -100  # a target that is not counted (HF's ignore_index): a prompt token, padding
+
+
 def cross_entropy(logits: np.ndarray, targets: np.ndarray,
                   scale: float = 1.0, count: int | None = None) -> tuple[float, np.ndarray]:
-    """Mean cross-entropy over all N positions, and its scaled gradient.
+    """Mean cross-entropy over the counted positions, and its scaled gradient.
 
-    logits `[V, N]`, targets `[N]` (every position counts; nothing is ignored).
-    Returns (loss, dlogits `[V, N]` = (softmax − onehot)/N · scale). The loss is unscaled;
+    logits `[V, N]`, targets `[N]`; a target IGNORE adds no loss and gets no gradient.
+    Returns (loss, dlogits `[V, N]` = (softmax − onehot)/count · scale). The loss is unscaled;
     `scale` is the loss scale, applied here once so fp16 gradients stay above underflow.
-    `count`: the positions the mean is over when these N are a chunk of them (`head_loss`).
+    `count`: the counted targets the mean is over (default: this call's); more when these N
+    are a chunk of them (`head_loss`) or one micro-batch of a step's (the trainer).
     """
     _check_2d("logits", logits)
     t = np.asarray(targets).reshape(-1)
     v, n = logits.shape
-    if t.shape[0] != n or (n and (t.min() < 0 or t.max() >= v)):
-        raise ShapeError(f"cross entropy: expected {n} targets in [0, {v}), got {t.shape[0]}")
+    keep = t != IGNORE
+    tk = np.where(keep, t, 0)
+    if t.shape[0] != n or (n and (tk.min() < 0 or tk.max() >= v)):
+        raise ShapeError(f"cross entropy: expected {n} targets in [0, {v}) or {IGNORE}, got {t.shape[0]}")
     cols = np.arange(n)
     mx = logits.max(axis=0)           # (N,)
     p = logits - mx                   # (V, N), shifted for a stable exp
     np.exp(p, out=p)
     z = p.sum(axis=0)                 # (N,)
     # loss = log z − (logit[t] − max), read from the logits, not from log(softmax)
-    total = n if count is None else count
-    loss = float(np.sum(np.log(z) - (logits[t, cols] - mx), dtype=np.float64) / max(total, 1))
-    p *= (F32(scale) / F32(total)) / z
-    p[t, cols] -= F32(scale) / F32(total)
+    total = int(keep.sum()) if count is None else count
+    each = np.log(z) - (logits[tk, cols] - mx)
+    loss = float(np.sum(each[keep], dtype=np.float64) / max(total, 1))
+    p *= (F32(scale) / F32(max(total, 1))) / z
+    p[tk, cols] -= F32(scale) / F32(max(total, 1))
+    if not keep.all():
+        p[:, ~keep] = 0
     return loss, p
 
 
@@ -248,10 +257,11 @@ HEAD_CHUNK = 1 << 23  # logits per chunk of `head_loss`: 32 MiB of float32
 
 
 def head_loss(head: np.ndarray, xf: np.ndarray, targets: np.ndarray, scale: float = 1.0,
-              want_dw: bool = True) -> tuple[float, np.ndarray, Callable[[], np.ndarray] | None]:
-    """The classifier and the mean cross-entropy over N positions: head W `[V, D]`, xf `[D, N]`,
-    targets `[N]` -> (loss, dxf `[D, N]`, a call giving dW `[V, D]`, or None without `want_dw`),
-    each gradient times `scale` (the loss scale).
+              want_dw: bool = True, count: int | None = None
+              ) -> tuple[float, np.ndarray, Callable[[], np.ndarray] | None]:
+    """The classifier and the mean cross-entropy over the counted positions (`count`, as
+    `cross_entropy`): head W `[V, D]`, xf `[D, N]`, targets `[N]` -> (loss, dxf `[D, N]`, a call
+    giving dW `[V, D]`, or None without `want_dw`), each gradient times `scale` (the loss scale).
 
     Past HEAD_CHUNK logits (Gemma 3: 262,144 × N floats, 1 GiB at N = 1024) it runs in chunks
     of positions, so the logits and their gradient never exist whole, and dW accumulates chunk
@@ -260,14 +270,15 @@ def head_loss(head: np.ndarray, xf: np.ndarray, targets: np.ndarray, scale: floa
     v, n = head.shape[0], xf.shape[1]
     t = np.asarray(targets).reshape(-1)
     step = max(1, HEAD_CHUNK // v)
+    count = int((t != IGNORE).sum()) if count is None else count
     if step >= n:
-        loss, dlog = cross_entropy(classifier_fwd(head, xf), t, scale)
+        loss, dlog = cross_entropy(classifier_fwd(head, xf), t, scale, count)
         return loss, head.T @ dlog, (lambda: dw(dlog, xf)) if want_dw else None
     loss, dxf = 0.0, np.empty_like(xf)
     acc = np.zeros_like(head) if want_dw else None
     for lo in range(0, n, step):
         cols = slice(lo, min(n, lo + step))
-        part, dlog = cross_entropy(classifier_fwd(head, xf[:, cols]), t[cols], scale, count=n)
+        part, dlog = cross_entropy(classifier_fwd(head, xf[:, cols]), t[cols], scale, count)
         loss += part
         dxf[:, cols] = head.T @ dlog
         if acc is not None:

@@ -92,13 +92,13 @@ class LoraHooks:
     """The LoRA half of a step (module doc), over a full step class that it follows in the MRO."""
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int, spec: LoraSpec,
-                 adapter: dict[str, np.ndarray], pipeline: str = "dynamic", seed: int = 0):
+                 adapter: dict[str, np.ndarray], pipeline: str = "dynamic", seed: int = 0, packed: bool = False):
         self.spec, self.rank, self.scale = spec, spec.rank, spec.scale
         self.shapes = adapter_shapes(config, spec)
         self.modules = target_modules(config, spec.targets)  # path -> (layer, part)
         self.seed, self._at, self._masks = int(seed), (0, 0, 0), None
         lay = lora_layout(config, spec)
-        super().__init__(config, weights, device, seq_len=seq_len, pipeline=pipeline, lora=lay)
+        super().__init__(config, weights, device, seq_len=seq_len, pipeline=pipeline, lora=lay, packed=packed)
         self._drops = self._dropout_blocks(lay)
         self.set_weights(adapter)
 
@@ -131,13 +131,13 @@ class LoraHooks:
         return {path: (rng.random((self.shapes[path + A_KEY][1], columns), dtype=F32) >= p) * keep
                 for path in self.modules}
 
-    def loss_and_grads(self, x: np.ndarray, y: np.ndarray, loss_scale: float = 1.0, sink=None):
+    def loss_and_grads(self, x: np.ndarray, y: np.ndarray, loss_scale: float = 1.0, sink=None, **batch):
         if self.spec.dropout:
             self._masks = self.dropout_masks(np.asarray(x).size)
             step, micro, rank = self._at
             self._at = (step, micro + 1, rank)
         try:
-            return super().loss_and_grads(x, y, loss_scale, sink)
+            return super().loss_and_grads(x, y, loss_scale, sink, **batch)
         finally:
             self._masks = None
 

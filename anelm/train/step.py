@@ -40,7 +40,8 @@ import numpy as np
 from ..chip.profile import padded_width
 from ..errors import ShapeError, UsageError
 from ..kernels.families import family_for
-from ..kernels.training import Dims
+from ..kernels.attention import example_mask
+from ..kernels.training import WEIGHTLESS, Dims
 from ..models.config import LlamaConfig
 from ..models.names import has_head_norms, layer_prefix, model_weight, weight_name
 from ..runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
@@ -53,9 +54,8 @@ F32 = np.float32
 PIPELINES = ("dynamic", "static")
 
 
-def _rope(cfg, seq: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin `[hd, B·S]`: positions 0..S-1 per sequence, HF half-split (rows i, i+hd/2 equal)."""
-    pos = np.tile(np.arange(seq), batch)
+def _rope(cfg, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin `[hd, B·S]` at each column's position, HF half-split (rows i, i+hd/2 equal)."""
     return ops.rope_tables(cfg.head_dim, pos, cfg.rope_theta, cfg.rope_scaling)
 
 
@@ -85,7 +85,7 @@ class DeviceTrainStep:
     """Loss and every parameter gradient of a Llama/Qwen3 model, device + CPU (see module doc)."""
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int,
-                 pipeline: str = "dynamic", lora=None):
+                 pipeline: str = "dynamic", lora=None, packed: bool = False):
         self._check_config(config)
         if pipeline not in PIPELINES:
             raise UsageError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
@@ -96,7 +96,11 @@ class DeviceTrainStep:
         # position: causal attention keeps them out of real queries, and their zero dattn rows
         # add nothing to real keys' gradients, so results are those of S columns.
         multiple = device.profile.spatial_multiple_of
-        self.kernel_dims = replace(self.dims, s=padded_width(seq_len, multiple), width_multiple=multiple)
+        # `packed`: batches may hold several examples per sequence (`loss_and_grads(positions=)`);
+        # the attention kernels then take each sequence's mask as data (`kernels.training`)
+        self.packed = bool(packed)
+        self.kernel_dims = replace(self.dims, s=padded_width(seq_len, multiple), width_multiple=multiple,
+                                   mask_input=self.packed)
         self.n_layers = config.num_hidden_layers
         self.qk_norm = has_head_norms(config.model_type)
         self.embed, self.final_norm, self.head = (model_weight(config.model_type, r)
@@ -104,14 +108,17 @@ class DeviceTrainStep:
         self.w = _check_weights(config, weights)
         bank = DynamicBank if pipeline == "dynamic" else StaticBank
         # lora: kernels.training.LoraLayout, the adapter blocks of the LoRA step (lora_step.py)
-        windows = tuple(config.window(i) for i in range(self.n_layers))  # sliding-window layers' own masks
-        self.bank = bank(self.kernel_dims, device, self.w, self.n_layers, family_for(config.model_type), lora, windows)
+        self.windows = tuple(config.window(i) for i in range(self.n_layers))
+        # sliding-window layers get attention kernels of their own const mask; a packed step's
+        # masks are data, the window in them (`_begin`)
+        self.bank = bank(self.kernel_dims, device, self.w, self.n_layers, family_for(config.model_type), lora,
+                         None if self.packed else self.windows)
         self._pool = WorkQueue("anelm-dw")
         self._blas = share_blas_between(2)  # device evals and dW run BLAS concurrently
         # the forward pass may take every core, but for small matrices (the tiny preset) the
         # extra BLAS threads cost more than they give: measured 41 s vs 37 s for 30 tiny steps
         self._wide = self.dims.d * self.dims.s >= 1 << 16
-        self._rope_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._tables_cache: dict[int, tuple] = {}  # by batch size: the tables of unpacked batches
 
     @staticmethod
     def _check_config(config) -> None:
@@ -131,22 +138,28 @@ class DeviceTrainStep:
         self.bank.set_weights(self.w)
 
     # ------------------------------------------------------------------ public steps
-    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
-        """Mean cross-entropy of the batch, forward only."""
-        self._begin(x, y)
+    def loss(self, x: np.ndarray, y: np.ndarray, positions: np.ndarray | None = None) -> float:
+        """Mean cross-entropy over the batch's counted targets (those not `ops.IGNORE`), forward only."""
+        self._begin(x, y, positions)
         with np.errstate(all="ignore"):
             xf = self._forward(np.asarray(x), keep=False)[0]
             return ops.cross_entropy(self._logits(xf), np.asarray(y).reshape(-1))[0]
 
-    def loss_and_grads(self, x: np.ndarray, y: np.ndarray, loss_scale: float = 1.0,
-                       sink=None) -> tuple[float, dict[str, np.ndarray], dict]:
-        """(unscaled mean loss, gradients × loss_scale by weight name, stats).
+    def loss_and_grads(self, x: np.ndarray, y: np.ndarray, loss_scale: float = 1.0, sink=None, *,
+                       positions: np.ndarray | None = None,
+                       count: float | None = None) -> tuple[float, dict[str, np.ndarray], dict]:
+        """(unscaled loss, gradients × loss_scale by weight name, stats).
 
+        The loss is the sum of the cross-entropies of the counted targets (y not `ops.IGNORE`)
+        over `count` (default: their number, a mean): the trainer passes a step's count, so
+        micro-batches and ranks with different numbers of counted targets add up to the mean
+        over the whole step. `positions` `[B, S]` (a step built `packed`): each example's
+        positions from 0; the attention stays inside each example (`kernels.attention.example_mask`).
         `sink` (data-parallel training, `dist_grads.GradReducer`) is offered each layer's
         gradients as soon as the backward has queued them, so it can start reducing them
         while the rest of the backward runs; its `finish` gives the gradients returned."""
         t0 = time.perf_counter()
-        self._begin(x, y)
+        self._begin(x, y, positions, count)
         ids, targets = np.asarray(x), np.asarray(y).reshape(-1)
         jobs: dict[str, Job] = {}
         with np.errstate(all="ignore"):  # inf/NaN under a too-large scale is a result, not an error
@@ -192,22 +205,38 @@ class DeviceTrainStep:
         self.close()
 
     # ------------------------------------------------------------------ plumbing
-    def _begin(self, x, y) -> None:
+    def _begin(self, x, y, positions=None, count=None) -> None:
         s = self.dims.s
         x, y = np.asarray(x), np.asarray(y)
         if x.ndim != 2 or x.shape[1] != s or y.shape != x.shape:
             raise ShapeError(f"batch: expected token ids x and targets y of shape [B, {s}], "
                              f"got {list(x.shape)} and {list(y.shape)}")
+        if positions is not None and (not self.packed or np.shape(positions) != x.shape):
+            raise ShapeError(f"positions: expected [B, {s}] on a step built packed=True, got "
+                             f"{list(np.shape(positions))} on a step built packed={self.packed}")
         self._t = {"device": 0.0, "dw": 0.0}
         self._flops = 0
         self._batch = x.shape[0]
-        if self._batch not in self._rope_cache:
-            self._rope_cache[self._batch] = self._tables(s, self._batch)
-        self._cos, self._sin = self._rope_cache[self._batch]
+        self._count = int((y != ops.IGNORE).sum()) if count is None else count
+        if positions is None:  # every row at 0..S-1: the same tables for every batch of this size
+            if self._batch not in self._tables_cache:
+                pos = np.tile(np.arange(s), (self._batch, 1))
+                self._tables_cache[self._batch] = self._tables(pos.reshape(-1)), self._example_masks(pos)
+            (self._cos, self._sin), self._attn_masks = self._tables_cache[self._batch]
+        else:
+            pos = np.asarray(positions, dtype=np.int64)
+            (self._cos, self._sin), self._attn_masks = self._tables(pos.reshape(-1)), self._example_masks(pos)
 
-    def _tables(self, seq: int, batch: int):
-        """What every layer needs about the positions: RoPE's cos, sin tables."""
-        return _rope(self.cfg, seq, batch)
+    def _tables(self, pos: np.ndarray):
+        """What every layer needs about the positions `[B·S]`: RoPE's cos, sin tables."""
+        return _rope(self.cfg, pos)
+
+    def _example_masks(self, pos: np.ndarray) -> dict | None:
+        """A packed step's attention masks: window -> `[B, S_k, S_k]` at the kernels' width."""
+        if not self.packed:
+            return None
+        width = self.kernel_dims.s
+        return {w: np.stack([example_mask(row, width, w) for row in pos]) for w in dict.fromkeys(self.windows)}
 
     def _stats(self, n_tokens: int, t_main: float) -> dict:
         return {"device_flops": int(self._flops),
@@ -237,26 +266,23 @@ class DeviceTrainStep:
         return ops.classifier_fwd(self._head(), xf)
 
     def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
-        """Kernel `kind` of `layer` on each sequence; acts and results `[C, B·S]` float32."""
-        t0, s = time.perf_counter(), self.dims.s
-        if self.kernel_dims.s != s:  # padded kernels: one sequence at a time, zero columns after it
+        """Kernel `kind` of `layer` on each sequence; acts and results `[C, B·S]` float32. A
+        packed step's attention kernels get each sequence's mask beside them."""
+        t0, s, width = time.perf_counter(), self.dims.s, self.kernel_dims.s
+        masks = self._attn_masks[self.windows[layer]] if self._attn_masks is not None and kind in WEIGHTLESS else None
+        if width == s and self._batch == 1:  # the kernel's results are the batch's: no gathering copy
+            out = self.bank.run(kind, layer, acts if masks is None else {**acts, "mask": masks[0]})
+        else:  # one sequence at a time; padded kernels get zero columns after it
             out = {}
             for b in range(self._batch):
                 cols = slice(b * s, (b + 1) * s)
-                res = self.bank.run(kind, layer, {n: _padded(a[:, cols], self.kernel_dims.s) for n, a in acts.items()})
-                for n, r in res.items():
-                    out.setdefault(n, np.empty((r.shape[0], self._batch * s), F32))[:, cols] = r[:, :s]
-        elif self._batch == 1:  # the kernel's results are the batch's: no gathering copy
-            out = self.bank.run(kind, layer, acts)
-        else:
-            out = {}
-            for b in range(self._batch):
-                cols = slice(b * s, (b + 1) * s)
-                res = self.bank.run(kind, layer, {n: a[:, cols] for n, a in acts.items()})
-                for n, r in res.items():
+                seq = {n: a[:, cols] if width == s else _padded(a[:, cols], width) for n, a in acts.items()}
+                if masks is not None:
+                    seq["mask"] = masks[b]
+                for n, r in self.bank.run(kind, layer, seq).items():
                     if n not in out:
                         out[n] = np.empty((r.shape[0], self._batch * s), F32)
-                    out[n][:, cols] = r
+                    out[n][:, cols] = r[:, :s]
         self._flops += self.bank.flops[kind] * self._batch
         self._t["device"] += time.perf_counter() - t0
         return out
@@ -314,7 +340,7 @@ class DeviceTrainStep:
         the classifier's dW, or None when its gradient is not kept: `ops.head_loss`)."""
         wn, head = self._final_gain(), self._head()
         xf, rf = ops.rmsnorm_fwd(xl, wn, self.cfg.rms_norm_eps)
-        loss, dxf, head_dw = ops.head_loss(head, xf, targets, scale, self._keep(self._head_name()))
+        loss, dxf, head_dw = ops.head_loss(head, xf, targets, scale, self._keep(self._head_name()), self._count)
         dy, dwn = ops.rmsnorm_bwd(dxf, xl, wn, rf)
         return loss, dy, {self.final_norm: dwn}, head_dw
 

@@ -46,10 +46,8 @@ class GemmaTrainStep(DeviceTrainStep):
         if config.attention_bias:
             raise UsageError("Gemma training supports bias-free layers; expected attention_bias false")
 
-    def _tables(self, seq: int, batch: int):
+    def _tables(self, pos: np.ndarray):
         """Each layer's (cos, sin) `[hd, B·S]`, one pair per distinct RoPE base."""
-        pos = np.tile(np.arange(seq), batch)
-
         def full(inv):
             cos, sin = rope_tables(pos, inv)
             return rope_full_width(cos), rope_full_width(sin)

@@ -40,8 +40,8 @@ class GPT2TrainStep(DeviceTrainStep):
             raise UsageError("GPT-2 training needs attention scaled by 1/sqrt(head_dim): expected "
                              "scale_attn_weights true and scale_attn_by_inverse_layer_idx false")
 
-    def _tables(self, seq: int, batch: int):
-        return np.tile(np.arange(seq), batch), None  # each column's position (for the wpe rows)
+    def _tables(self, pos: np.ndarray):
+        return pos, None  # each column's position (for the wpe rows)
 
     @property
     def _positions(self) -> np.ndarray:
@@ -93,7 +93,7 @@ class GPT2TrainStep(DeviceTrainStep):
     def _loss_head(self, xl, targets, scale):
         head = self._head()
         xf, saved = self._final(xl)
-        loss, dxf, head_dw = ops.head_loss(head, xf, targets, scale, self._keep(self._head_name()))
+        loss, dxf, head_dw = ops.head_loss(head, xf, targets, scale, self._keep(self._head_name()), self._count)
         dy, dw, db = ops.layernorm_bwd(dxf, saved, self.w[self.final_norm])
         return loss, dy, {self.final_norm: dw, self.final_norm.removesuffix("weight") + "bias": db}, head_dw
 
