@@ -8,6 +8,12 @@ The ids are cut into consecutive windows of `seq_len`; each window is scored on 
 empty cache (one prefill, logits at every position), so a window never sees the text before it,
 as in HF's and llama.cpp's fixed-window perplexity. A last window shorter than 2 tokens has
 nothing to predict and is dropped.
+
+Instruction data (CONTRACTS §14) is scored record by record, each from an empty cache, in the
+same windows, counting only the targets a mask marks (an answer, a completion):
+
+    score = score_records(runner, [(line, ids, counted), ...], seq_len=512)
+    score.records[0].nll
 """
 
 from __future__ import annotations
@@ -34,10 +40,19 @@ class Score:
     predictions: int  # next-token predictions scored: every position of a window but its last
     nll: float  # mean negative log-likelihood, nats
     argmax: list[int]  # each window's argmax next-token id at every position but its last
+    records: list[RecordScore] | None = None  # per record, for instruction data
 
     @property
     def ppl(self) -> float:
         return math.exp(self.nll)
+
+
+@dataclass(frozen=True)
+class RecordScore:
+    line: int  # the record's line in its file
+    tokens: int  # its tokens that were scored (the windows, concatenated)
+    predictions: int  # its counted predictions
+    nll: float | None  # their mean nll, nats; None when it has none
 
 
 def windows(ids: Sequence[int], seq_len: int) -> list[list[int]]:
@@ -63,30 +78,65 @@ def perplexity(runner: Any, ids: Sequence[int], seq_len: int, progress: bool | N
     `progress`: a bar on stderr (True), none (False), or (None) a bar when stderr is a terminal
     and otherwise a notice line when it starts and about every NOTICE_EVERY_S seconds.
     """
-    from tqdm import tqdm
-
     parts = windows(ids, seq_len)
     if not parts:
         raise InputError(f"{len(ids)} token(s) give nothing to predict: expected at least 2 tokens")
     total = sum(len(w) - 1 for w in parts)
+    sums, argmax = _score(runner, [(w, np.ones(len(w) - 1, bool)) for w in parts], seq_len, progress)
+    return Score([t for w in parts for t in w], len(parts), total, sum(sums) / total, argmax)
+
+
+def score_records(runner: Any, records: Sequence[tuple[int, Sequence[int], Sequence[bool]]], seq_len: int,
+                  progress: bool | None = None) -> Score:
+    """Score each record (line, ids, counted) on its own, in windows of `seq_len` as `perplexity`
+    does; only targets j with counted[j] add. `nll` is the mean over every counted prediction of
+    all records; `predictions` counts those, while `tokens` and `argmax` cover every window."""
+    parts, owner = [], []
+    for k, (_, ids, counted) in enumerate(records):
+        counted = np.asarray(counted, dtype=bool)
+        for j, w in enumerate(windows(np.asarray(ids, dtype=np.int64).tolist(), seq_len)):
+            parts.append((w, counted[j * seq_len + 1:j * seq_len + len(w)]))  # a window's first predicts nothing
+            owner.append(k)
+    total = sum(int(mask.sum()) for _, mask in parts)
+    if total == 0:
+        raise InputError(f"{len(records)} record(s) have no counted token to score: expected answers, "
+                         "completions or text (or --train-on-prompt)")
+    sums, argmax = _score(runner, parts, seq_len, progress)
+    nll, count, tokens = np.zeros(len(records)), np.zeros(len(records), np.int64), np.zeros(len(records), np.int64)
+    for k, (w, mask), s in zip(owner, parts, sums):
+        nll[k], count[k], tokens[k] = nll[k] + s, count[k] + mask.sum(), tokens[k] + len(w)
+    per = [RecordScore(line, int(t), int(n), float(s / n) if n else None)
+           for (line, _, _), t, n, s in zip(records, tokens, count, nll)]
+    return Score([t for w, _ in parts for t in w], len(parts), total, sum(sums) / total, argmax, per)
+
+
+def _score(runner: Any, parts: list[tuple[list[int], np.ndarray]], seq_len: int,
+           progress: bool | None) -> tuple[list[float], list[int]]:
+    """Each window's summed nll over the targets its mask counts, and every window's argmax
+    choices at every position but its last, concatenated."""
+    from tqdm import tqdm
+
+    total = sum(int(mask.sum()) for _, mask in parts)
     bar_on = progress if progress is not None else sys.stderr.isatty()
     lines = progress is None and not bar_on
     if lines:
         _notice(f"perplexity: {total:,} predictions in {len(parts)} window(s) of up to {seq_len} tokens")
-    nll, argmax, last = 0.0, [], time.monotonic()
+    nll, done, sums, argmax, last = 0.0, 0, [], [], time.monotonic()
     with tqdm(total=total, unit="tok", desc="perplexity", file=sys.stderr, dynamic_ncols=True,
               disable=not bar_on) as bar:
-        for k, w in enumerate(parts, 1):
+        for k, (w, mask) in enumerate(parts, 1):
             logits = runner.prefill(w, runner.new_cache())[:-1]  # [T-1, V]: the last predicts nothing here
-            nll += float(token_nll(logits, np.asarray(w[1:])).sum())
+            sums.append(float(token_nll(logits, np.asarray(w[1:]))[mask].sum()))
+            nll, done = nll + sums[-1], done + int(mask.sum())
             argmax += [int(i) for i in logits.argmax(axis=1)]
-            bar.update(len(w) - 1)
-            bar.set_postfix_str(f"ppl={math.exp(nll / len(argmax)):.3f}", refresh=False)
+            bar.update(int(mask.sum()))
+            so_far = f"{math.exp(nll / done):.3f}" if done else "-"
+            bar.set_postfix_str(f"ppl={so_far}", refresh=False)
             if lines and k < len(parts) and time.monotonic() - last >= NOTICE_EVERY_S:
                 last = time.monotonic()
-                _notice(f"perplexity: window {k}/{len(parts)}, {len(argmax):,}/{total:,} predictions, "
-                        f"ppl {math.exp(nll / len(argmax)):.3f} so far")
-    return Score([t for w in parts for t in w], len(parts), total, nll / total, argmax)
+                _notice(f"perplexity: window {k}/{len(parts)}, {done:,}/{total:,} predictions, "
+                        f"ppl {so_far} so far")
+    return sums, argmax
 
 
 def _notice(msg: str) -> None:
