@@ -58,7 +58,7 @@ def _probability(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from ..chip.profile import load_profile
     from ..errors import UsageError
-    from ..train.lora import adapter_writer, merged_setup, prepare_finetune, step_factory
+    from ..train.lora import adapter_writer, best_writer, merged_setup, prepare_finetune, step_factory
     from ..train.settings import TrainSettings
 
     if args.resume and not args.out:
@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     def go(setup, group):
         return _train(args, profile, setup, group, sample_from=merged_setup,
-                      step_factory=step_factory(setup), after_save=adapter_writer(setup))
+                      step_factory=step_factory(setup), after_save=adapter_writer(setup),
+                      write_best=best_writer(setup))
 
     if not args.distributed:
         return go(make(), None)

@@ -71,6 +71,10 @@ def add_settings_args(p: argparse.ArgumentParser, skip=(), defaults: dict | None
         default = ""
         if value is not None and "default" not in f.metadata["help"]:
             default = f" (default: {'per preset, else ' if f.name in per_preset else ''}{value})"
+        if f.metadata.get("kind") == "flag":  # --train-on-prompt, --no-pack: the opposite of the default
+            p.add_argument(f.metadata.get("flag") or "--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                           action="store_const", const=not f.default, help=f.metadata["help"])
+            continue
         kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
         if not kw:
             kw["metavar"] = f.metadata.get("metavar") or (
@@ -125,7 +129,8 @@ def _train(args, profile, setup, group, sample_from=None, **trainer_kw) -> int:
     """Run the trainer on `setup` (`trainer_kw`: Trainer options, e.g. finetune's step factory);
     `sample_from(setup)`: the setup whose weights write the end sample (default: `setup`)."""
     from ..device.select import get_device
-    from ..train.loop import Trainer, sample_text, summary
+    from ..train.loop import Trainer
+    from ..train.report import sample_text, summary
 
     ck, main = setup.checkpoint, group is None or group.is_main
     if ck is not None and ck.step >= setup.args.steps and not ck.extra.get("pending_eval"):
@@ -167,8 +172,7 @@ def _describe(setup, group) -> None:
     ranks = f" on each of {group.world} ranks" if group is not None else ""
     _notice(f"run {setup.run}: {c.model_type} {n / 1e6:.2f}M parameters, {a.steps} steps of "
             f"{a.batch_size}x{a.seq_len} tokens{ranks} (x{a.grad_accum} accum), {a.pipeline} pipeline, {start}")
-    _notice(f"data: {setup.data.source}, {len(setup.data.train):,} train / "
-            f"{len(setup.data.val):,} held-out tokens, vocab {c.vocab_size}")
+    _notice(f"data: {setup.data.source}, {setup.data.describe()}, vocab {c.vocab_size}")
 
 
 def _reexec(setup, args: argparse.Namespace) -> None:

@@ -228,6 +228,15 @@ class Dataset:
     def val(self) -> np.ndarray:
         return self.tokens[len(self.tokens) - self.n_val:]
 
+    def describe(self) -> str:
+        return f"{len(self.train):,} train / {len(self.val):,} held-out tokens"
+
+    def batches(self, args, shard: tuple[int, int] = (0, 1)) -> tuple["Batcher", list["Batch"]]:
+        """The trainer's batches (`args`: TrainSettings): random windows, and the fixed eval ones."""
+        evals = eval_batches(self.val, args.batch_size, args.seq_len, args.eval_batches, shard)
+        return (Batcher(self.train, args.batch_size, args.seq_len, args.seed, shard=shard),
+                [Batch(x, y, None, x.size * shard[1]) for x, y in evals])
+
     def check_vocab(self, model_vocab: int) -> None:
         """Refuse a tokenizer or token file with ids the model's embedding has no row for."""
         if self.tokenizer is not None and vocab_size_of(self.tokenizer) > model_vocab:
@@ -301,6 +310,16 @@ def unigram_entropy(tokens: np.ndarray) -> float:
 
 # ------------------------------------------------------------------------------ batches
 
+@dataclass
+class Batch:
+    """What one micro-batch gives the step (token windows here, packed examples in `packing`)."""
+
+    x: np.ndarray                 # int64 [N, S] inputs
+    y: np.ndarray                 # int64 [N, S] targets, IGNORE where not counted (and in padding)
+    positions: np.ndarray | None  # int64 [N, S]: each example's restart at 0; None: every row is 0..S-1
+    counted: int                  # counted targets in the GLOBAL batch (all ranks' rows): the loss denominator
+
+
 class Batcher:
     """Random windows from the training split, from a seeded generator whose state is saved
     in checkpoints, so a resumed run draws exactly the batches the straight run would.
@@ -316,6 +335,11 @@ class Batcher:
         self.tokens, self.batch_size, self.seq_len, self.shard = tokens, batch_size, seq_len, shard
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.drawn = 0  # batches drawn so far: the data position
+
+    def draw(self) -> Batch:
+        """`next()` as a Batch: every target counts, world × B × S in the global batch."""
+        x, y = self.next()
+        return Batch(x, y, None, x.size * self.shard[1])
 
     def next(self) -> tuple[np.ndarray, np.ndarray]:
         """(inputs, targets), each int64 `[B, S]`; targets are the inputs shifted by one."""

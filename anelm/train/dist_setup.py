@@ -7,7 +7,7 @@ the adapters and the frozen base), and on resume the AdamW moments. So all ranks
 `--init-from` or the run folder exists on rank 0's machine only.
 
 Each other rank reads `--data` itself (the same path on every machine; the token cache makes
-a second read cheap) with rank 0's tokenizer, and the ranks compare a digest of the tokens:
+a second read cheap) with rank 0's tokenizer (and its chat template), and the ranks compare a digest of the tokens:
 another corpus would silently train on other batches. Any rank's problem, and rank 0's
 setup errors, end every rank with the same one line.
 """
@@ -23,9 +23,11 @@ import numpy as np
 
 from ..errors import AnelmError, UsageError
 from .checkpoint import Checkpoint
-from .data import load_dataset
+from .examples import load_data
 from .init import model_config
 from .run import TOKENIZER_FILES, RunSetup
+
+TOKENIZER_EXTRAS = ("tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 from .settings import TrainSettings
 
 
@@ -70,13 +72,15 @@ def _arrays(params: dict, ck: Checkpoint | None, frozen: dict | None = None) -> 
 
 def _manifest(setup: RunSetup) -> dict:
     tok = next((setup.run / n for n in TOKENIZER_FILES if (setup.run / n).exists()), None)
+    # beside it, what a tokenizer reads from its folder: the chat template JSONL records go through
+    extras = [(n, (setup.run / n).read_bytes()) for n in TOKENIZER_EXTRAS if tok and (setup.run / n).is_file()]
     ck = setup.checkpoint
     state = None
     if ck is not None:
         state = {"step": ck.step, "optimizer_state": ck.optimizer_state, "scaler": ck.scaler,
                  "rng": ck.rng, "data": ck.data, "extra": ck.extra}
     return {"run": str(setup.run), "settings": setup.settings.to_dict(), "config": setup.config,
-            "tokenizer": (tok.name, tok.read_bytes()) if tok else None,
+            "tokenizer": [(tok.name, tok.read_bytes()), *extras] if tok else None,
             "tokens": tokens_digest(setup.data.tokens), "checkpoint": state,
             "arrays": {n: tuple(a.shape) for n, a in _arrays(setup.params, ck, setup.frozen).items()}}
 
@@ -90,10 +94,11 @@ def _follower(m: dict, arrays: dict[str, np.ndarray], rank: int) -> tuple[RunSet
     try:
         with tempfile.TemporaryDirectory(prefix="anelm-rank-") as tmp:
             tok = None
-            if m["tokenizer"] is not None:
-                tok = Path(tmp) / m["tokenizer"][0]
-                tok.write_bytes(m["tokenizer"][1])
-            ds = load_dataset(args.data, args.seq_len, tokenizer=tok)
+            for k, (name, data) in enumerate(m["tokenizer"] or ()):
+                (Path(tmp) / name).write_bytes(data)
+                tok = Path(tmp) / name if k == 0 else tok
+            ds = load_data(args.data, args.seq_len, valid_data=args.valid_data, train_on_prompt=args.train_on_prompt,
+                           tokenizer=tok, notice=lambda msg: None)  # rank 0 said it
     except (AnelmError, OSError) as e:
         return None, f"rank {rank}: {e}"
     if tokens_digest(ds.tokens) != tuple(m["tokens"]):

@@ -58,14 +58,14 @@ def export_run(run: str | Path, out: str | Path, merge: bool = False,
                           "(RUN/adapter/adapter_config.json)")
     if run.is_file() and run.suffix == ".gguf":
         config, weights, tok = load_model(run)
-        return _publish(out, lambda d: _write_folder(d, config, weights, tokenizer=tok)), None
+        return _publish(out, lambda d: write_folder(d, config, weights, tokenizer=tok)), None
     ckpt = run if run.is_file() else latest_checkpoint(run)
     if ckpt is None:
         raise ExportError(f"{run} has no checkpoints; expected a run folder written by anelm train "
                           "(RUN/checkpoints/step-*.safetensors) or a .gguf file")
     src = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
     config, weights, _ = load_model(ckpt)  # one checkpoint: the weights, checked against config
-    return _publish(out, lambda d: _write_folder(d, config, weights, run=src)), _step_of(ckpt)
+    return _publish(out, lambda d: write_folder(d, config, weights, run=src)), _step_of(ckpt)
 
 
 def export_adapter(run: Path, out: Path, merge: bool, base: str | Path | None) -> Path:
@@ -89,7 +89,7 @@ def export_adapter(run: Path, out: Path, merge: bool, base: str | Path | None) -
                           "expected --base PATH (the model given to anelm finetune)") from None
     merged = merge_weights(weights, load_peft(run, config))
     has_tokenizer = any((run / name).is_file() for name in TOKENIZER_FILES)
-    return _publish(out, lambda d: _write_folder(d, config, merged, run=run if has_tokenizer else None,
+    return _publish(out, lambda d: write_folder(d, config, merged, run=run if has_tokenizer else None,
                                                  tokenizer=None if has_tokenizer else tok))
 
 
@@ -115,7 +115,7 @@ def _check_destination(out: Path) -> None:
         raise ExportError(f"cannot write {out}: {e.strerror or e}; expected a writable --out") from None
 
 
-def _write_folder(d: Path, config, weights: dict[str, np.ndarray], run: Path | None = None,
+def write_folder(d: Path, config, weights: dict[str, np.ndarray], run: Path | None = None,
                   tokenizer=None) -> None:
     """The folder's files: the tokenizer files copied from `run`, or written by `tokenizer`."""
     from ..models.loading import architecture

@@ -29,7 +29,6 @@ import numpy as np
 from ..errors import AnelmError
 from .errors import DataError
 
-IGNORE = -100  # HF's ignore_index: a target that is not counted
 SHAPES = ("messages", "prompt", "text")  # named by the record key that decides the shape
 ROLES = ("system", "user", "assistant")
 SPLITS = ("train", "valid", "test")

@@ -37,7 +37,7 @@ import numpy as np
 from ..device.base import compile_count
 from ..errors import CompileBudgetExceeded
 from .checkpoint import Checkpoint, latest_checkpoint, save_checkpoint
-from .data import Batcher, eval_batches
+from .data import Batcher
 from .errors import CheckpointError, TrainError
 from .distributed import SOLO, check_world
 from .metrics import MetricsLog, NullLog, Progress, plot_loss
@@ -45,14 +45,15 @@ from .optim import AdamW, accumulate_, adamw_flops, update_scale, zero_, zeros_l
 from .run import RunSetup
 from .scaler import make_scaler, scaler_from_state
 from .schedule import CosineSchedule
+from .validation import Validation, weights_writer
 
 StepFactory = Callable[..., object]  # (config, weights, device, *, seq_len, pipeline) -> step
 
 
-def device_step_factory(config, weights, device, *, seq_len: int, pipeline: str):
+def device_step_factory(config, weights, device, *, seq_len: int, pipeline: str, **packed):
     from .steps import step_class  # the device half; imported late, it compiles kernels
 
-    return step_class(config)(config, weights, device, seq_len=seq_len, pipeline=pipeline)
+    return step_class(config)(config, weights, device, seq_len=seq_len, pipeline=pipeline, **packed)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Outcome:
     final_eval_loss: float | None
     wall_s: float                     # this process
     records: list[dict] = field(default_factory=list)  # step records of this process
+    best: tuple[int, float] | None = None  # (step, eval loss) of RUN/best, with a valid set
 
 
 # Without a live bar (stderr not a terminal) a line per eval, every 10 % of the steps by default,
@@ -74,7 +76,8 @@ class Trainer:
 
     def __init__(self, setup: RunSetup, device, *, step_factory: StepFactory = device_step_factory,
                  budget: int | None = None, restart: Callable[[], None] | None = None,
-                 progress: bool | None = None, sync=None, after_save: Callable[[int, dict], None] | None = None):
+                 progress: bool | None = None, sync=None, after_save: Callable[[int, dict], None] | None = None,
+                 write_best: Callable | None = None):
         self.s, self.a, self.device = setup, setup.args, device
         self.sync = sync = sync or SOLO
         self.params, self.budget, self.restart = setup.params, budget, restart
@@ -83,8 +86,12 @@ class Trainer:
         self.opt = AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay)
         self.scaler = make_scaler(a.loss_scale)
         self.schedule = CosineSchedule(a.lr, a.steps, a.warmup)
-        self.batcher = Batcher(setup.data.train, a.batch_size, a.seq_len, a.seed, shard=sync.shard)
-        self.evals = eval_batches(setup.data.val, a.batch_size, a.seq_len, a.eval_batches, sync.shard)
+        # instruction data (`packing`) or token windows (`data`); `write_best`: how RUN/best/ is
+        # written (default: the weights as an HF folder), with a valid set of examples only
+        self.batcher, evals = setup.data.batches(a, sync.shard)
+        self.examples = not isinstance(self.batcher, Batcher)
+        self.validation = Validation(evals, sync, patience=a.patience, run=setup.run,
+                                     write_best=(write_best or weights_writer(setup)) if self.examples else None)
         self.step, self.pending_eval = 0, False
         if setup.checkpoint is not None:
             self._restore(setup.checkpoint)
@@ -92,8 +99,9 @@ class Trainer:
         # drops records past the checkpoint: the killed run logged them, this one logs them again
         self.log = MetricsLog(setup.run, resume_step=self.step) if sync.is_main else NullLog()
         self.progress_enabled = progress if sync.is_main else False
-        self.dev = step_factory(setup.model_config, self.params, device,
-                                seq_len=a.seq_len, pipeline=a.pipeline)
+        self.packed = self.examples and a.pack  # several examples per sequence: per-example attention
+        self.dev = step_factory(setup.model_config, self.params, device, seq_len=a.seq_len, pipeline=a.pipeline,
+                                **({"packed": True} if self.packed else {}))
         self.device_name = getattr(device, "name", str(device))
         self.last_eval: float | None = None
         self.weights_stale = False  # set_weights hit the compile budget: the device is behind
@@ -108,23 +116,25 @@ class Trainer:
         try:
             self.opt.load_state_dict(ck.optimizer, ck.optimizer_state)
             self.scaler = scaler_from_state(ck.scaler)
-            self.batcher.load_state_dict({"rng": ck.rng["data"], "drawn": ck.data["drawn"]})
+            self.batcher.load_state_dict({**ck.data, **({"rng": ck.rng["data"]} if "data" in ck.rng else {})})
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"checkpoint at step {ck.step} in {self.s.run} lacks training state "
                                   f"({type(e).__name__}: {e}); expected one written by anelm train") from None
         self.step = ck.step
         self.pending_eval = bool(ck.extra.get("pending_eval", False))
+        self.validation.load_state_dict(ck.extra.get("validation"))
 
     def save(self, pending_eval: bool = False) -> None:
         self.sync.check_same(self.step, self.params)  # every rank, before rank 0 writes
         if not self.sync.is_main:
             return
         tensors, opt_meta = self.opt.state_dict()
-        b = self.batcher.state_dict()
+        b = self.batcher.state_dict()  # token windows: a generator's state; examples: epoch and cursor
         ck = Checkpoint(step=self.step, config=self.s.config, weights=self.params, optimizer=tensors,
                         optimizer_state=opt_meta, scaler=self.scaler.state_dict(),
-                        rng={"data": b["rng"]}, data={"drawn": b["drawn"]},
-                        extra={"pending_eval": pending_eval, "world_size": self.sync.world})
+                        rng={"data": b.pop("rng")} if "rng" in b else {}, data=b,
+                        extra={"pending_eval": pending_eval, "world_size": self.sync.world,
+                               "validation": self.validation.state_dict()})
         save_checkpoint(self.s.run, ck, keep_last=self.a.keep_last or None)
         if self.after_save is not None:
             self.after_save(self.step, self.params)
@@ -142,7 +152,9 @@ class Trainer:
         finally:
             bar.close()
             self.log.close()
-        return Outcome(self.step, self.last_eval, time.perf_counter() - t_start, records)
+        v = self.validation
+        best = (v.best_step, v.best_loss) if v.write_best is not None and v.best_step is not None else None
+        return Outcome(self.step, self.last_eval, time.perf_counter() - t_start, records, best)
 
     @contextmanager
     def _stop_on_interrupt(self):
@@ -173,7 +185,9 @@ class Trainer:
         if self.pending_eval:  # a restart interrupted this step's eval: do it first
             self._eval(bar)
             self.save()  # now without the flag, so a later resume does not eval again
-        while self.step < a.steps:
+        if self.examples and self.step == 0:  # with a valid set: where the run starts from
+            self._eval(bar)
+        while self.step < a.steps and not self._patience_spent():
             if self._budget_would_overflow():
                 self._restart_now(len(records))
             data_state = self.batcher.state_dict()
@@ -222,15 +236,20 @@ class Trainer:
         loss_sum, stats_sum, grads, sink = 0.0, {}, None, None
         if self.acc is not None:
             zero_(self.acc)
+        batches = [self.batcher.draw() for _ in range(a.grad_accum)]
+        # each micro-batch's loss sums its counted targets over the step's share per micro-batch
+        # and rank, so the trainer's mean over them (and the all-reduce) is the step's token mean
+        count = sum(b.counted for b in batches) / (a.grad_accum * sync.world)
         begin = getattr(self.dev, "begin_micro_batch", None)  # a step that draws (LoRA dropout) keys
         for k in range(a.grad_accum):                        # its draws by where it is in the run
             if begin is not None:
                 begin(self.step, k, sync.rank)
-            x, y = self.batcher.next()
+            batch = batches[k]
             # the ranks' gradients are summed once per step, on the last micro-batch
             sink = sync.reducer(self.acc) if k == a.grad_accum - 1 else None
             loss, grads, stats = self.dev.loss_and_grads(
-                x, y, loss_scale=scale, **({"sink": sink} if sink is not None else {}))
+                batch.x, batch.y, loss_scale=scale, **({"sink": sink} if sink is not None else {}),
+                **self._counting(batch, count))
             if not math.isfinite(loss) and sync.world == 1:
                 raise self._diverged(loss, "training", self.step + 1)
             loss_sum += loss
@@ -247,6 +266,8 @@ class Trainer:
         self.step += 1
         dt = time.perf_counter() - t0
         tokens = a.batch_size * a.seq_len * a.grad_accum * sync.world
+        if self.examples:  # what the loss is over: the counted (answer) tokens
+            rec["counted_tokens_per_s"] = round(count * a.grad_accum * sync.world / dt, 1)
         return self.log.log_step(
             self.step, loss, lr, scale, tokens / dt, self.device_name,
             int(stats_sum.get("device_flops", 0)),
@@ -271,12 +292,28 @@ class Trainer:
             self.weights_stale = True  # the update stands; a fresh process compiles it
         return {"skipped": False, "grad_norm": norm if self.a.clip > 0 else None, "t_adamw": round(t_opt, 6)}
 
+    def _counting(self, batch, count: float) -> dict:
+        """The step keywords of instruction data: the step's count, each example's positions."""
+        if not self.examples:
+            return {}  # token windows: every target counts, the mean of each micro-batch is the step's
+        return {"count": count, **({"positions": batch.positions} if self.packed else {})}
+
+    def _patience_spent(self) -> bool:
+        if not self.validation.exhausted:
+            return False
+        v = self.validation
+        self.save()  # the step stopped at, whatever --save-every says
+        self._say(f"anelm: early stop at step {self.step}: {v.since_best} evals without a lower eval loss "
+                  f"than {v.best_loss:.4f} (step {v.best_step}, in {self.s.run / 'best'})")
+        return True
+
     def _eval(self, bar) -> float:
-        losses = [self.dev.loss(x, y) for x, y in self.evals]
-        value = self.sync.mean(float(np.mean(losses)))  # equal slices: the global mean
+        value = self.validation.evaluate(self.dev)
         if not math.isfinite(value):
             raise self._diverged(value, "eval", self.step)
         self.log.log_eval(self.step, value)
+        if self.validation.write_best is not None:
+            self.validation.record(self.step, value, self.params)
         self.last_eval, self.pending_eval = value, False
         self._plot()
         if bar.bar.disable:  # no live bar (not a terminal): a line per eval instead
@@ -339,41 +376,3 @@ class Trainer:
         close = getattr(self.dev, "close", None)
         if close is not None:
             close()
-
-
-# ------------------------------------------------------------------ the end of a run
-
-def sample_text(setup: RunSetup, n_tokens: int, seed: int, temperature: float = 0.5) -> str | None:
-    """A short text from the trained weights on the CPU reference model (None: no tokenizer).
-
-    Low temperature rather than greedy: a small model's argmax falls into loops quickly, and
-    the seed keeps the sample reproducible.
-    """
-    tok = setup.tokenizer
-    if tok is None or n_tokens <= 0:
-        return None
-    from ..generate.generate import generate
-    from ..generate.sampling import make_sampler
-    from ..models.loading import build_model
-
-    cfg = setup.model_config
-    start = cfg.bos_token_id if cfg.bos_token_id is not None else getattr(tok, "bos_id", None)
-    prompt = [int(start)] if start is not None else tok.encode("Once upon a time")
-    room = cfg.max_position_embeddings - len(prompt)
-    if not prompt or room <= 0:
-        return None
-    model = build_model(cfg, setup.params)
-    res = generate(model, tok, prompt, max_tokens=min(n_tokens, room),
-                   sampler=make_sampler(temperature, seed=seed))
-    return res.text
-
-
-def summary(setup: RunSetup, outcome: Outcome) -> str:
-    """One line: steps, time, final eval loss against the corpus's unigram entropy."""
-    parts = [f"{outcome.steps_done} steps, {outcome.wall_s:.1f} s in this process"]
-    if outcome.final_eval_loss is not None:
-        h = setup.data.entropy
-        parts.append(f"final eval loss {outcome.final_eval_loss:.4f} nats vs unigram entropy "
-                     f"{h:.4f} nats ({outcome.final_eval_loss / h:.2f}x)")
-    parts.append(f"run folder {setup.run}")
-    return "done: " + "; ".join(parts)

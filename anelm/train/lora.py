@@ -111,9 +111,9 @@ def step_factory(setup: RunSetup):
     """The trainer's step factory: a LoRA step over the frozen base."""
     spec = lora_spec(setup.config)
 
-    def make(config, params, device, *, seq_len: int, pipeline: str):
+    def make(config, params, device, *, seq_len: int, pipeline: str, **packed):
         return lora_train_step(config, setup.frozen, device, seq_len=seq_len, spec=spec, adapter=params,
-                               pipeline=pipeline, seed=setup.args.seed)  # the dropout masks' seed
+                               pipeline=pipeline, seed=setup.args.seed, **packed)  # the dropout masks' seed
 
     return make
 
@@ -126,6 +126,13 @@ def adapter_writer(setup: RunSetup):
         save_peft(params_adapter(params, spec, setup.model_config.model_type), setup.run / ADAPTER_DIR)
 
     return write
+
+
+def best_writer(setup: RunSetup):
+    """The trainer's RUN/best writer (`validation`): the adapter of the best eval, as RUN/adapter."""
+    spec = lora_spec(setup.config)
+    return lambda folder, step, params: save_peft(params_adapter(params, spec, setup.model_config.model_type),
+                                                  folder)
 
 
 def merged_setup(setup: RunSetup) -> RunSetup:

@@ -17,23 +17,14 @@ is that denominator, so a rank divides its rows' summed loss by it and the ranks
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from .data import unigram_entropy
+from .data import Batch, unigram_entropy
 from .errors import DataError
-from .instruct import IGNORE, Example
+from .cpu_ops import IGNORE
+from .instruct import Example
 
 PAD_ID = 0  # the input id of padding slots: valid in every vocabulary, its targets are IGNORE
-
-
-@dataclass
-class Batch:
-    x: np.ndarray                 # int64 [N, S] inputs
-    y: np.ndarray                 # int64 [N, S] targets, IGNORE where not counted (and in padding)
-    positions: np.ndarray | None  # int64 [N, S]: each example's restart at 0; None: every row is 0..S-1
-    counted: int                  # counted targets in the GLOBAL batch (all ranks' rows): the loss denominator
 
 
 # ---------------------------------------------------------------------------- the set

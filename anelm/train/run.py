@@ -26,7 +26,8 @@ import numpy as np
 from ..atomic import atomic_open
 from ..errors import UsageError
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
-from .data import Dataset, check_data_path, load_dataset, vocab_size_of
+from .data import Dataset, vocab_size_of
+from .examples import ExampleSet, check_data, load_data
 from .errors import TrainError
 from .init import init_weights, load_pretrained, model_config, weight_shapes
 from .presets import TRAIN_DEFAULTS, get_preset
@@ -44,7 +45,7 @@ class RunSetup:
     config: dict                 # config.json contents (HF names + settings)
     model_config: object         # the anelm.models dataclass
     params: dict[str, np.ndarray]
-    data: Dataset
+    data: Dataset | ExampleSet
     tokenizer: object
     checkpoint: Checkpoint | None  # the state to resume from (None: step 0)
     created: bool = False          # this call created the run folder (a fresh run into a new --out)
@@ -90,7 +91,7 @@ def _fresh(run: Path, explicit: dict, extra: dict) -> RunSetup:
     # what needs no model fails before one loads (seconds): the flags (but --warmup, judged
     # against the preset's --steps), a --data path that is not there or is empty
     TrainSettings.merge({**explicit, "warmup": None}).check()
-    check_data_path(explicit.get("data"))
+    check_data(explicit.get("data"), explicit.get("valid_data"))
     if explicit.get("init_from"):
         cfg, weights, tok = load_pretrained(explicit["init_from"])
         if tok is None and not explicit.get("tokenizer"):
@@ -105,8 +106,8 @@ def _fresh(run: Path, explicit: dict, extra: dict) -> RunSetup:
     _check_context(args, cfg)
     _make_writable(run)
     tok_spec = args.tokenizer or tok
-    ds = load_dataset(args.data, args.seq_len, run_dir=run, tokenizer=tok_spec,
-                      bpe_vocab_size=args.bpe_vocab_size or int(cfg["vocab_size"]))
+    ds = load_data(args.data, args.seq_len, valid_data=args.valid_data, train_on_prompt=args.train_on_prompt,
+                   run_dir=run, tokenizer=tok_spec, bpe_vocab_size=args.bpe_vocab_size or int(cfg["vocab_size"]))
     if ds.tokenizer_path is not None and weights is None:
         cfg["vocab_size"] = vocab_size_of(ds.tokenizer)  # a BPE trained for this run: its size
     _special_ids(cfg, ds.tokenizer)
@@ -184,8 +185,9 @@ def _resume(run: Path, explicit: dict, trains: Trains) -> RunSetup:
     _check_context(args, saved)
     config = model_config(saved)
     tok_file = next((run / n for n in TOKENIZER_FILES if (run / n).exists()), None)
-    ds = load_dataset(args.data, args.seq_len, run_dir=run, tokenizer=tok_file or args.tokenizer,
-                      bpe_vocab_size=args.bpe_vocab_size or int(saved["vocab_size"]))
+    ds = load_data(args.data, args.seq_len, valid_data=args.valid_data, train_on_prompt=args.train_on_prompt,
+                   run_dir=run, tokenizer=tok_file or args.tokenizer,
+                   bpe_vocab_size=args.bpe_vocab_size or int(saved["vocab_size"]))
     ds.check_vocab(config.vocab_size)
     full = {**saved, SETTINGS_KEY: settings.to_dict()}
     shapes = trains.shapes(config, full)

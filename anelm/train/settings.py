@@ -26,6 +26,13 @@ class TrainSettings:
     preset: str = _f("tiny", "model preset: tiny, stories15m, stories42m, stories110m, qwen3-0.6b")
     data: str | None = _f(None, "UTF-8 text file, folder of .txt files, or llama2.c .bin "
                                 "(default: the built-in story corpus)")
+    valid_data: str | None = _f(None, "validation JSONL (default: valid.jsonl beside a --data folder's train.jsonl, "
+                                      "else a held-out part of the data)", metavar="FILE")
+    train_on_prompt: bool = _f(False, "JSONL data: count every token in the loss, not only the answers'", kind="flag")
+    pack: bool = _f(True, "JSONL data: one example per sequence, padded, instead of several packed with "
+                          "attention kept inside each", kind="flag", flag="--no-pack")
+    patience: int | None = _f(None, "stop after N evals without a lower eval loss (JSONL data; RUN/best keeps "
+                                    "the lowest)", kind="positive")
     tokenizer: str | None = _f(None, "tokenizer.json / .model / tokenizer.bin (default: a byte-level "
                                      "BPE trained on the data, or the --init-from model's)")
     init_from: str | None = _f(None, "start from the weights (and tokenizer) of this HF folder, RUN or .gguf file",
@@ -103,9 +110,13 @@ class TrainSettings:
         return asdict(self)
 
     def argv(self) -> list[str]:
-        """The settings as `--key=value` flags (for the restart's command line)."""
-        out = []
+        """The settings as `--key=value` flags (for the restart's command line); a flag setting
+        as its flag, when it is not the default."""
+        out, flags = [], {f.name: f for f in fields(self) if f.metadata.get("kind") == "flag"}
         for name, v in self.to_dict().items():
-            if v is not None:
+            if name in flags:
+                if v != flags[name].default:
+                    out.append(flags[name].metadata.get("flag") or f"--{name.replace('_', '-')}")
+            elif v is not None:
                 out.append(f"--{name.replace('_', '-')}={v}")
         return out

@@ -12,7 +12,8 @@ import pytest
 from anelm.models.tokenizer import Tokenizer
 from anelm.train.data import unigram_entropy
 from anelm.train.errors import DataError
-from anelm.train.instruct import (IGNORE, Example, encode_record, is_jsonl, jsonl_splits, load_examples,
+from anelm.train.cpu_ops import IGNORE
+from anelm.train.instruct import (Example, encode_record, is_jsonl, jsonl_splits, load_examples,
                                   read_records)
 from anelm.train.packing import ExampleBatcher, counted_entropy, counted_total, eval_batches, fit, sequences
 

@@ -25,6 +25,7 @@ from anelm.train.checkpoint import latest_checkpoint, load_checkpoint
 from anelm.train.metrics import read_metrics
 
 import hf_tiny
+import instruct_tiny
 
 STEPS = 6
 pytestmark = pytest.mark.slow
@@ -36,24 +37,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def flags(base, out, batch):
-    f = {"model": base / "base", "data": base / "words.txt", "steps": STEPS, "batch-size": batch,
+def flags(base, out, batch, data="words.txt"):
+    f = {"model": base / "base", "data": base / data, "steps": STEPS, "batch-size": batch,
          "seq-len": 16, "save-every": STEPS, "eval-every": 3, "eval-batches": 1, "sample-tokens": 0,
          "lr": 1e-2, "rank": 4, "targets": "q_proj,v_proj,up_proj", "out": out, "device": "emulator"}
     return [f"--{k}={v}" for k, v in f.items()]
 
 
-def test_two_ranks_train_the_adapters_of_one_rank_with_the_doubled_batch(tmp_path):
+@pytest.mark.parametrize("data", ["words.txt", "chat"])
+def test_two_ranks_train_the_adapters_of_one_rank_with_the_doubled_batch(tmp_path, data):
+    """Token windows, and chat records (CONTRACTS §14): packed examples, the loss on the answers,
+    each rank's micro-batch loss over the global batch's count, eval over the whole valid set."""
     hf_tiny.make_word_model(tmp_path / "base")
+    instruct_tiny.add_chat_template(tmp_path / "base")
+    instruct_tiny.write_set(tmp_path / "chat", n_train=40, n_valid=7)
     rng = random.Random(0)
     (tmp_path / "words.txt").write_text(" ".join(f"w{rng.randint(3, 40)}" for _ in range(1800)))
     e = {**os.environ, "ANELM_CACHE_DIR": str(tmp_path / "cache"), "MASTER_ADDR": "127.0.0.1",
          "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     e.pop("ANELM_PROFILE", None)
     cmd = [sys.executable, "-m", "anelm", "finetune"]
-    one = subprocess.Popen([*cmd, *flags(tmp_path, tmp_path / "one", 4)], env=e, text=True,
+    one = subprocess.Popen([*cmd, *flags(tmp_path, tmp_path / "one", 4, data)], env=e, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    two = [subprocess.Popen([*cmd, "--distributed", "--dist-timeout=120", *flags(tmp_path, tmp_path / "two", 2)],
+    two = [subprocess.Popen([*cmd, "--distributed", "--dist-timeout=120", *flags(tmp_path, tmp_path / "two", 2, data)],
                             env={**e, "RANK": str(r)}, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
            for r in (0, 1)]
     for p in (one, *two):
@@ -63,6 +69,9 @@ def test_two_ranks_train_the_adapters_of_one_rank_with_the_doubled_batch(tmp_pat
     a, b = rec(tmp_path / "one"), rec(tmp_path / "two")
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
     assert max(abs(a[s] - b[s]) / abs(a[s]) for s in a) <= 5e-4
+    ev = lambda run: {r["step"]: r["eval_loss"] for r in read_metrics(run) if "eval_loss" in r}  # noqa: E731
+    ea, eb = ev(tmp_path / "one"), ev(tmp_path / "two")
+    assert ea.keys() == eb.keys() and max(abs(ea[s] - eb[s]) / ea[s] for s in ea) <= 5e-4
     assert all("allreduce_ms" in r for r in read_metrics(tmp_path / "two") if "loss" in r)
     wa = load_checkpoint(latest_checkpoint(tmp_path / "one")).weights
     wb = load_checkpoint(latest_checkpoint(tmp_path / "two")).weights

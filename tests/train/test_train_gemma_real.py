@@ -76,7 +76,7 @@ def test_lora_lowers_eval_loss_and_peft_agrees(gemma_gguf, gemma_hf, tmp_path):
                       after_save=adapter_writer(setup), progress=False)
     try:
         built = compile_count()
-        start = float(np.mean([trainer.dev.loss(x, y) for x, y in trainer.evals]))
+        start = trainer.validation.evaluate(trainer.dev)
         outcome = trainer.train()
     finally:
         trainer.close()

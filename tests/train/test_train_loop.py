@@ -22,7 +22,8 @@ from anelm.train.corpus import write_corpus
 from anelm.train import loop
 from anelm.train.data import Batcher, unigram_entropy
 from anelm.train.errors import TrainError
-from anelm.train.loop import Trainer, sample_text, summary
+from anelm.train.loop import Trainer
+from anelm.train.report import sample_text, summary
 from anelm.train.metrics import read_metrics
 from anelm.train.run import prepare
 

@@ -49,7 +49,7 @@ def test_lora_on_smollm2_learns_an_unseen_text_without_compiling(smollm_gguf, tm
                       after_save=adapter_writer(setup), progress=False)
     try:
         built = compile_count()
-        start = float(np.mean([trainer.dev.loss(x, y) for x, y in trainer.evals]))
+        start = trainer.validation.evaluate(trainer.dev)
         outcome = trainer.train()
     finally:
         trainer.close()

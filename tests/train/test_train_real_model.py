@@ -47,7 +47,7 @@ def test_init_from_gguf_starts_at_hf_loss_and_fine_tuning_lowers_eval_loss(smoll
             logits = model(torch.from_numpy(np.asarray(x))).logits
             hf_loss = float(torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), torch.from_numpy(np.asarray(y)).reshape(-1)))
-        eval_before = float(np.mean([trainer.dev.loss(bx, by) for bx, by in trainer.evals]))
+        eval_before = trainer.validation.evaluate(trainer.dev)
         outcome = trainer.train()
     finally:
         trainer.close()
