@@ -59,9 +59,14 @@ def test_two_ranks_train_the_adapters_of_one_rank_with_the_doubled_batch(tmp_pat
     cmd = [sys.executable, "-m", "anelm", "finetune"]
     one = subprocess.Popen([*cmd, *flags(tmp_path, tmp_path / "one", 4, data)], env=e, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    two = [subprocess.Popen([*cmd, "--distributed", "--dist-timeout=120", *flags(tmp_path, tmp_path / "two", 2, data)],
-                            env={**e, "RANK": str(r)}, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-           for r in (0, 1)]
+    ddp = ["--distributed", "--dist-timeout=120", *flags(tmp_path, tmp_path / "two", 2, data)]
+    if data == "chat":  # under torchrun (it sets RANK, WORLD_SIZE, MASTER_*), gloo on loopback
+        two = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                                 "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "anelm",
+                                 "finetune", *ddp], env=e, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)]
+    else:  # as any other launcher would set the variables
+        two = [subprocess.Popen([*cmd, *ddp], env={**e, "RANK": str(r)}, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE) for r in (0, 1)]
     for p in (one, *two):
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]

@@ -168,3 +168,24 @@ def test_count_sets_the_denominator_and_ignored_targets_add_nothing(tmp_path):
     for name, g in g_both.items():
         err = np.abs(parts[0][1][name] + parts[1][1][name] - g).max() / np.abs(g).max()
         assert err <= 1e-3, (name, err)
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa", "gemma3"])
+def test_two_examples_packed_give_each_ones_loss_alone(kind, tmp_path):
+    """One sequence holding examples A and B: counting only A's targets gives A's loss alone (A in
+    a sequence of its own, padded), and only B's gives B's, though B sits at columns 10.. after A.
+    fp16 on the device, the same arithmetic per example: 1e-4 relative."""
+    _, config, weights, _ = tiny(kind, tmp_path)
+    (a, ca), (b, cb), *_ = examples(config.vocab_size)
+    x, y, pos = packed_batch([(a, ca), (b, cb)] + examples(config.vocab_size)[2:])
+    x, y, pos = x[:1], y[:1], pos[:1]  # the row of A (10 predictions) and B (8), then padding
+    with step_class(config)(config, weights, Emulator(PROFILE), seq_len=S, packed=True) as step:
+        for lo, hi, ids, counted in ((0, 10, a, ca), (10, 18, b, cb)):
+            only = np.full_like(y, IGNORE)
+            only[:, lo:hi] = y[:, lo:hi]
+            alone_x, alone_y = np.zeros_like(x), np.full_like(y, IGNORE)
+            alone_x[0, :len(ids) - 1] = ids[:-1]
+            alone_y[0, :len(ids) - 1] = np.where(counted[1:], ids[1:], IGNORE)
+            packed = step.loss(x, only, positions=pos)
+            alone = step.loss(alone_x, alone_y, positions=np.arange(S)[None])
+            assert abs(packed - alone) <= 1e-4 * alone, (packed, alone)
