@@ -3,7 +3,8 @@ folder): a chat template over the word tokenizer, and JSONL sets of the three re
 whose answers follow from their prompts, so a few steps of training lower the eval loss.
 
 The template marks turns with words the vocabulary lacks (they tokenize to [UNK]) and ends
-each with `</s>` (EOS), as real templates end a turn with an end-of-turn token.
+each with `</s>` (EOS), as real templates end a turn with an end-of-turn token. `CONVERSATIONS`
+are for the real models' tokenizers and templates.
 """
 
 from __future__ import annotations
@@ -44,3 +45,25 @@ def write_set(folder: Path, shape: str = "messages", n_train: int = 48, n_valid:
     for name, n in (("train", n_train), ("valid", n_valid)):
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(record(shape, rng)) + "\n" for _ in range(n)))
     return folder
+
+
+# conversations for the real models' tokenizers and templates: system turns, several turns,
+# newlines in an answer
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"},
+     {"role": "assistant", "content": "The capital of France is Paris."}],
+    [{"role": "system", "content": "You answer in one word."},
+     {"role": "user", "content": "Name a primary color."},
+     {"role": "assistant", "content": "Blue."}],
+    [{"role": "user", "content": "Hi!"},
+     {"role": "assistant", "content": "Hello! How can I help you today?"},
+     {"role": "user", "content": "Tell me a fact about cats."},
+     {"role": "assistant", "content": "Cats sleep for most of the day."}],
+    [{"role": "system", "content": "Be kind and brief."},
+     {"role": "user", "content": "I feel tired."},
+     {"role": "assistant", "content": "Rest a little, then drink some water."},
+     {"role": "user", "content": "Thanks, any other idea?"},
+     {"role": "assistant", "content": "A short walk outside helps too.\nTake care!"}],
+    [{"role": "user", "content": "Write a haiku about rain."},
+     {"role": "assistant", "content": "Soft rain on the roof,\nthe garden drinks slowly now,\nclouds drift far away."}],
+]

@@ -47,7 +47,8 @@ class TrainSettings:
     clip: float = _f(1.0, "clip the global gradient norm to this (0: off)", kind="nonneg")
     loss_scale: str = _f("dynamic", "'dynamic' (halve on overflow, double when clean) or a fixed number")
     eval_every: int | None = _f(None, "eval loss every N steps (default: 10 %% of --steps)", kind="positive")
-    eval_batches: int = _f(4, "held-out batches per eval", kind="positive")
+    eval_batches: int = _f(4, "held-out batches per eval (text data; JSONL evaluates its whole valid set)",
+                           kind="positive")
     save_every: int | None = _f(None, "checkpoint every N steps (default: 10 %% of --steps)",
                                 kind="positive")
     keep_last: int = _f(3, "checkpoints to keep (0: all)", kind="nonneg")

@@ -15,20 +15,8 @@ import pytest
 
 from anelm.cli.main import main
 from anelm.generate.perplexity import perplexity, score_records
+from instruct_tiny import CONVERSATIONS
 
-CONVERSATIONS = [
-    [{"role": "user", "content": "What is the capital of France?"},
-     {"role": "assistant", "content": "The capital of France is Paris."}],
-    [{"role": "system", "content": "You answer in one word."},
-     {"role": "user", "content": "Name a primary color."},
-     {"role": "assistant", "content": "Blue."}],
-    [{"role": "user", "content": "Hi!"},
-     {"role": "assistant", "content": "Hello! How can I help you today?"},
-     {"role": "user", "content": "Tell me a fact about cats."},
-     {"role": "assistant", "content": "Cats sleep for most of the day."}],
-    [{"role": "user", "content": "Write a haiku about rain."},
-     {"role": "assistant", "content": "Soft rain on the roof,\nthe garden drinks slowly now,\nclouds drift far away."}],
-]
 NLL_TOL = 0.01  # CONTRACTS §6: a real model on the device is within 1 % of HF float32
 
 
@@ -62,8 +50,9 @@ def test_chat_answers_score_as_hf_does(smollm_gguf, smollm_hf, tmp_path, capsys)
     ref = [hf_answer_nll(model, hf_tok, m) for m in CONVERSATIONS]
     ref_nll = sum(s for s, _, _ in ref) / sum(n for _, n, _ in ref)
     assert res["tokens"] == [t for _, _, full in ref for t in full]  # HF's template, token for token
-    assert res["windows"] == 4 and res["predictions"] == sum(n for _, n, _ in ref)
-    assert [(r["line"], r["predictions"]) for r in res["records"]] == list(zip([1, 2, 4, 5], [n for _, n, _ in ref]))
+    assert res["windows"] == len(CONVERSATIONS) and res["predictions"] == sum(n for _, n, _ in ref)
+    lines = [1, 2] + list(range(4, len(CONVERSATIONS) + 2))  # the blank third line holds no record
+    assert [(r["line"], r["predictions"]) for r in res["records"]] == list(zip(lines, [n for _, n, _ in ref]))
     assert abs(res["nll"] / ref_nll - 1) <= NLL_TOL, f"nll {res['nll']:.5f} against HF's {ref_nll:.5f}"
     mean = sum(r["nll"] * r["predictions"] for r in res["records"]) / res["predictions"]
     assert mean == pytest.approx(res["nll"]) and res["ppl"] == pytest.approx(np.exp(res["nll"]))

@@ -15,24 +15,8 @@ from anelm.train.errors import DataError
 from anelm.train.cpu_ops import IGNORE
 from anelm.train.instruct import (Example, encode_record, is_jsonl, jsonl_splits, load_examples,
                                   read_records)
+from instruct_tiny import CONVERSATIONS
 from anelm.train.packing import ExampleBatcher, counted_entropy, counted_total, eval_batches, fit, sequences
-
-CONVERSATIONS = [
-    [{"role": "user", "content": "What is the capital of France?"},
-     {"role": "assistant", "content": "The capital of France is Paris."}],
-    [{"role": "system", "content": "You answer in one word."},
-     {"role": "user", "content": "Name a primary color."},
-     {"role": "assistant", "content": "Blue."}],
-    [{"role": "user", "content": "Hi!"},
-     {"role": "assistant", "content": "Hello! How can I help you today?"},
-     {"role": "user", "content": "Tell me a fact about cats."},
-     {"role": "assistant", "content": "Cats sleep for most of the day."}],
-    [{"role": "system", "content": "Be kind and brief."},
-     {"role": "user", "content": "I feel tired."},
-     {"role": "assistant", "content": "Rest a little, then drink some water."},
-     {"role": "user", "content": "Thanks, any other idea?"},
-     {"role": "assistant", "content": "A short walk outside helps too.\nTake care!"}],
-]
 
 
 class CharTok(Tokenizer):
