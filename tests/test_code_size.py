@@ -30,7 +30,8 @@ MAX_MODULE_LINES = 400
 # + 1: the review of that round (one per-layer RoPE table for the reference, runner and step).
 # + 506: instruction data (issue 29: JSONL records to counted-token examples, first-fit packing and
 # the epoch batcher, `perplexity --data FILE.jsonl`, chat templates compiled once).
-MAX_PACKAGE_LINES = 26586
+# + 166: response_format by constrained decoding (issue 30: llguidance's masks as a logits processor).
+MAX_PACKAGE_LINES = 26752
 
 
 def line_counts() -> dict[str, int]:
