@@ -31,7 +31,9 @@ MAX_MODULE_LINES = 400
 # + 506: instruction data (issue 29: JSONL records to counted-token examples, first-fit packing and
 # the epoch batcher, `perplexity --data FILE.jsonl`, chat templates compiled once).
 # + 166: response_format by constrained decoding (issue 30: llguidance's masks as a logits processor).
-MAX_PACKAGE_LINES = 26753
+# + 383: the generation library a server sits on (issue 30: SamplingOptions, stream_generate,
+# the engine, History and the prompt cache moved out of the CLI).
+MAX_PACKAGE_LINES = 27136
 
 
 def line_counts() -> dict[str, int]:

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from ..models.errors import InputError
 from .common import utf8_problem, utf8_text
 from .generate import add_model_args, load, notice, sampling, start, stream
+
+if TYPE_CHECKING:
+    from ..generate.chat import History
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -33,17 +37,23 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..generate.chat import History, PromptCache, reply_room
     from ..generate.generate import generate
     from ..models.tokenizer import PLAIN_STOP
 
     opts = sampling(args)
     config, weights, tok = load(args)
-    history = History(tok, args.system, config.max_position_embeddings, args.max_tokens)
+    context = config.max_position_embeddings
+    room = reply_room(args.max_tokens, context)
+    if room < args.max_tokens:
+        notice(f"--max-tokens {args.max_tokens} would fill the context of {context}: the conversation "
+               f"keeps room for {room}-token replies")
+    history = History(tok, args.system, context, room)
     runner = start(args, config, weights)
     if tok.chat_format() == "plain":
         opts["stop"].append(PLAIN_STOP)  # the model would go on to write the user's turn
     notice(f"chat ({tok.chat_format()} format); Ctrl-C stops a reply; end with Ctrl-D")
-    cache, held = runner.new_cache(), []  # the conversation so far, whose keys and values are cached
+    caches = PromptCache(runner, max_entries=1)  # one conversation: its cache, and the ids it holds
     while True:
         try:
             print("> ", end="", file=sys.stderr, flush=True)
@@ -53,17 +63,16 @@ def run(args: argparse.Namespace) -> int:
         if line is None:
             break
         try:
-            prompt = history.ask(line)
+            prompt = ask(history, line)
         except InputError as e:
             print(f"anelm: error: {e}", file=sys.stderr, flush=True)
             continue
         if prompt is None:
             continue
-        # each turn runs only what the cache does not hold: the template re-renders the whole
-        # conversation, and the reply's text may tokenize differently from the ids generated
-        cache.length = reusable(held, prompt)
+        # each turn runs only what the cache does not hold (`anelm.generate.chat`)
+        cache, _ = caches.take(prompt)
         res = generate(runner, tok, prompt, on_text=reply_stream(), cache=cache, interruptible=True, **opts)
-        held = (list(prompt) + res.ids)[:cache.length]
+        caches.put(list(prompt) + res.ids, cache)
         stream("\n")
         if res.finish_reason == "interrupted" and not res.ids:
             history.withdraw()
@@ -74,6 +83,19 @@ def run(args: argparse.Namespace) -> int:
         history.answer(res.text.strip())
     print(file=sys.stderr)
     return 0
+
+
+def ask(history: History, line: str) -> list[int] | None:
+    """`History.ask`, after the line is found to be UTF-8, with a notice for dropped turns."""
+    problem = utf8_problem(line)
+    if problem:
+        raise InputError(f"the message was not sent: {problem}")
+    prompt = history.ask(line)
+    if history.dropped:
+        kept = "the system message and " * bool(history.head) + f"the newest {len(history.turns)}"
+        notice(f"the conversation outgrew the context of {history.context} tokens: dropped the oldest "
+               f"{history.dropped} messages, kept {kept}")
+    return prompt
 
 
 CUT = {"interrupted": "reply stopped (Ctrl-C); Ctrl-C at the prompt or Ctrl-D ends the chat",
@@ -88,68 +110,6 @@ def read_line() -> str | None:
     buffer = getattr(sys.stdin, "buffer", None)
     line = buffer.readline().decode("utf-8", "surrogateescape") if buffer is not None else sys.stdin.readline()
     return line or None
-
-
-class History:
-    """The messages of a conversation, cut so that its prompt leaves room for a reply."""
-
-    def __init__(self, tok, system: str | None, context: int, max_tokens: int):
-        self.tok, self.context = tok, context
-        self.head = [{"role": "system", "content": system}] if system else []
-        self.turns: list[dict[str, str]] = []  # user, assistant, user, ...: dropped a pair at a time
-        # a --max-tokens as long as the context would leave no room for any message: keep half
-        self.room = min(max_tokens, context // 2)
-        if self.room < max_tokens:
-            notice(f"--max-tokens {max_tokens} would fill the context of {context}: the conversation "
-                   f"keeps room for {self.room}-token replies")
-        if self.head and self._length([]) + self.room > context:
-            raise InputError(f"the system message makes a prompt of {self._length([])} tokens; with room "
-                             f"for a {self.room}-token reply it does not fit the context of {context}")
-
-    def ask(self, line: str) -> list[int] | None:
-        """The prompt ids for one more user line (None for a blank one), dropping the oldest
-        turns when they do not fit with it; a line that cannot fit alone is refused."""
-        problem = utf8_problem(line)
-        if problem:
-            raise InputError(f"the message was not sent: {problem}")
-        if not line.strip():
-            return None
-        message = [{"role": "user", "content": line.strip()}]
-        alone = self._length(message)
-        if alone + self.room > self.context:
-            raise InputError(f"the message was not sent: it makes a prompt of {alone} tokens, and with "
-                             f"room for a {self.room}-token reply the context holds {self.context}")
-        dropped = 0
-        while self._length(self.turns + message) + self.room > self.context:
-            del self.turns[:2]  # the oldest user message and its reply
-            dropped += 2
-        self.turns += message
-        if dropped:
-            kept = "the system message and " * bool(self.head) + f"the newest {len(self.turns)}"
-            notice(f"the conversation outgrew the context of {self.context} tokens: dropped the oldest "
-                   f"{dropped} messages, kept {kept}")
-        return self.tok.apply_chat_template(self.head + self.turns)
-
-    def answer(self, text: str) -> None:
-        self.turns.append({"role": "assistant", "content": text})
-
-    def withdraw(self) -> None:
-        """Take back the last user message (its reply never began)."""
-        self.turns.pop()
-
-    def _length(self, turns: list[dict[str, str]]) -> int:
-        return len(self.tok.apply_chat_template(self.head + turns))
-
-
-def reusable(held: list[int], prompt: list[int]) -> int:
-    """How many leading positions of the cache serve the new prompt: the common prefix of the
-    ids it holds and the prompt, short of the prompt's last token (which must run for logits)."""
-    n = 0
-    for a, b in zip(held, prompt[:-1]):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def reply_stream():

@@ -7,17 +7,13 @@ Notices (model, device, speed) go to stderr.
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import json
 import sys
 from typing import Any
 
-from .common import add_adapter_arg, add_device_args, adapter_from_args, check_before_loading, utf8_text
-
-
-def notice(msg: str) -> None:
-    print(f"anelm: {msg}", file=sys.stderr, flush=True)
+from ..generate.engine import load_parts, notice, start_runner
+from .common import add_adapter_arg, add_device_args, check_before_loading, utf8_text
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -55,48 +51,18 @@ def sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(config, weights, tokenizer) for --model / --tokenizer."""
-    from ..models.errors import TokenizerError
-    from ..models.loading import load_model
-
     # a build without the device pipeline runs on the CPU, whatever --device says (`start`)
     pipeline = "anelm.generate.pipeline"
     has = sys.modules[pipeline] is not None if pipeline in sys.modules else importlib.util.find_spec(pipeline)
     check_before_loading(args, device=bool(has))
-    # Loading makes ~130k long-lived objects (tokenizer tables, the GGUF reader's parts, numba's
-    # dispatchers) and the collector's full passes over them cost 60-120 ms each here: none of
-    # them is garbage, so the collector waits until loading is done (`start` then freezes them).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        config, weights, tok = load_model(args.model, args.tokenizer)
-    finally:
-        if collecting:
-            gc.enable()
-    if tok is None:
-        raise TokenizerError(f"no tokenizer found for {args.model}: pass --tokenizer PATH")
-    return config, weights, tok
+    return load_parts(args.model, args.tokenizer)
 
 
 def start(args: argparse.Namespace, config: Any, weights: Any, max_context: int | None = None) -> Any:
     """The runner for --device / --profile (and --adapter), with the notices saying what was
     chosen; `max_context` caps the positions it serves (fewer, better-fitting program sizes)."""
-    from ..chip.profile import load_profile
-    from ..generate.runner import make_runner
-
-    profile = load_profile(args.profile)  # a bad path fails here, even when the CPU path ignores it
-    adapter = adapter_from_args(args, config)
-    n = sum(int(w.size) for w in weights.values())
-    # the runner takes the weights: each layer's float32 matrices go once converted (peak memory)
-    runner = make_runner(config, weights, args.device, max_context, profile=profile, adapter=adapter, consume=True)
-    # What loading and the runner built lives as long as the process: moved out of the
-    # collector's reach, a full collection during prefill or decode walks only what they make.
-    gc.freeze()
-    notice(f"model: {config.model_type}, {n / 1e6:.2f}M parameters, context {config.max_position_embeddings}")
-    if adapter is not None:
-        notice(f"adapter: {args.adapter}, LoRA rank {adapter.rank} on {', '.join(adapter.spec.targets)}")
-    if runner.device == "cpu":  # get_device announced the device itself otherwise
-        notice(f"device: cpu (numpy reference; no device pipeline in this build for --device {args.device})")
-    return runner
+    return start_runner(args.model, config, weights, adapter=getattr(args, "adapter", None), device=args.device,
+                        profile=args.profile, max_context=max_context)
 
 
 def stream(text: str) -> None:
@@ -106,14 +72,13 @@ def stream(text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..generate.device_plan import generation_context
+    from ..generate.engine import completion_ids
     from ..generate.generate import check_prompt, generate
     from ..models.errors import InputError
 
     opts = sampling(args)
     config, weights, tok = load(args)
-    prompt_ids = tok.encode(args.prompt)
-    if not prompt_ids and tok.bos_id is not None:
-        prompt_ids = [tok.bos_id]  # an empty prompt starts from BOS (GPT-2: <|endoftext|>)
+    prompt_ids = completion_ids(tok, args.prompt)
     if not prompt_ids:
         raise InputError("the prompt is empty and the tokenizer has no BOS token: pass --prompt")
     check_prompt(len(prompt_ids), config.max_position_embeddings)  # before any device work

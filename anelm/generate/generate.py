@@ -1,5 +1,6 @@
-"""Generation: `generate_step` yields (token, logprobs); `generate` adds the stopping rules,
-streamed text and timing.
+"""Generation: `generate_step` yields (token, logprobs); `stream_generate` adds the stopping
+rules and yields the text as it becomes certain (`Delta`s); `generate` collects one stream, with
+its timing.
 
 Text is streamed in pieces that never split a UTF-8 character (a byte-level token may hold
 half of one) and never show the start of a stop string that may still complete.
@@ -15,7 +16,7 @@ import numpy as np
 
 from ..models.errors import ContextError, InputError
 from .runner import Cache, Runner
-from .sampling import LogitsProcessor, Sampler, check_sampling, greedy
+from .sampling import LogitsProcessor, Sampler, SamplingOptions, check_sampling, greedy
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -28,6 +29,9 @@ def generate_step(runner: Runner, prompt_ids: Sequence[int], sampler: Sampler = 
                   ) -> Iterator[tuple[int, np.ndarray]]:
     """Prefill the prompt, then yield (token, logprobs [V]) forever, or until the context is full.
 
+    `logprobs` are the model's (the log-softmax of the runner's logits); the sampler draws from
+    the log-softmax of the logits that the processors made. A processor with an `advance(token)`
+    method (a grammar that follows the text) is told each token as it is sampled.
     The next token is decoded only when the consumer asks for it, so stopping costs nothing.
     A `cache` that already holds the first `cache.length` prompt tokens (an earlier turn of a
     conversation) is continued: only the rest of the prompt is run.
@@ -40,11 +44,14 @@ def generate_step(runner: Runner, prompt_ids: Sequence[int], sampler: Sampler = 
     check_prompt(len(prompt_ids) - done, cache.capacity, done)
     logits = runner.prefill(list(prompt_ids[done:]), cache, last_only=True)[-1]
     tokens = list(prompt_ids)
+    advance = [p.advance for p in logits_processors if hasattr(p, "advance")]
     while True:
+        logprobs = log_softmax(logits)
         for process in logits_processors:
             logits = process(tokens, logits)
-        logprobs = log_softmax(logits)
-        token = int(sampler(logprobs))
+        token = int(sampler(log_softmax(logits) if logits_processors else logprobs))
+        for step in advance:
+            step(token)
         yield token, logprobs
         tokens.append(token)
         if cache.length >= cache.capacity:
@@ -77,6 +84,121 @@ class TextStream:
         return full if final else full.rstrip("\ufffd")
 
 
+# Why a stream ended, as `Delta.finish_reason` and `GenerationResult.finish_reason` say it, and
+# as OpenAI's API does: "eos" (the model's end of text) and "stop" (a stop string) are its
+# "stop"; "length" (max_tokens) and "context" (the model's context is full) its "length";
+# "interrupted" (Ctrl-C, where the caller allows it) has no OpenAI name and reads as "stop".
+OPENAI_FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
+                         "interrupted": "stop"}
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One step of a stream: a generated token with the text that became certain with it, or,
+    last, the end (token None, finish_reason set) with the text still held back."""
+
+    text: str  # "" while a character's bytes or a possible stop string are incomplete
+    token: int | None
+    logprob: float | None  # the model's log-probability of `token`, when logprobs were asked for
+    top_logprobs: list[tuple[int, float]] | None  # (token, logprob) of the likeliest, likeliest first
+    finish_reason: str | None  # see OPENAI_FINISH_REASONS
+
+
+def stream_generate(runner: Runner, tokenizer: Any, prompt_ids: Sequence[int], options: SamplingOptions, *,
+                    cache: Cache | None = None, eos_ids: Sequence[int] | None = None,
+                    logits_processors: Sequence[LogitsProcessor] = (), interruptible: bool = False
+                    ) -> Iterator[Delta]:
+    """The Deltas of one generation under `options` (checked now, before any work): one per
+    token, then the end. It stops at EOS (the model's and the tokenizer's, or `eos_ids`), at a
+    stop string, after `options.max_tokens` or at the end of the context.
+
+    `logits_processors` run after the options' own, just before sampling (a grammar's mask).
+    `cache`: see `generate_step`; it holds the first `cache.length` of prompt + generated ids,
+    whenever the consumer stops iterating. `interruptible`: a KeyboardInterrupt, in the runner
+    or thrown in at a yield, ends the stream with "interrupted" instead of propagating.
+    """
+    options.check(getattr(runner.config, "vocab_size", None))
+    processors = options.processors(len(prompt_ids)) + list(logits_processors)
+    top = options.top_logprobs if options.logprobs else None
+    return _deltas(runner, tokenizer, prompt_ids, options.sampler(), processors, options.stop,
+                   options.max_tokens, eos_ids, cache, interruptible, top)
+
+
+def _deltas(runner: Runner, tokenizer: Any, prompt_ids: Sequence[int], sampler: Sampler,
+            processors: Sequence[LogitsProcessor], stop: Sequence[str], max_tokens: int | None,
+            eos_ids: Sequence[int] | None, cache: Cache | None, interruptible: bool, top: int | None
+            ) -> Iterator[Delta]:
+    """The stopping rules, for `stream_generate` and `generate`; `top`: how many top logprobs
+    each Delta reports (None: no logprobs)."""
+    eos = set(runner.config.eos_ids if eos_ids is None else eos_ids)
+    if eos_ids is None and getattr(tokenizer, "eos_id", None) is not None:
+        eos.add(tokenizer.eos_id)
+    text = _Text(TextStream(tokenizer, prompt_ids), [s for s in stop if s])
+    if max_tokens == 0:
+        check_prompt(len(prompt_ids), runner.config.max_position_embeddings)
+        yield text.end("length")
+        return
+    reason = "context"
+    try:
+        for token, logprobs in generate_step(runner, prompt_ids, sampler, processors, cache):
+            if token in eos:
+                reason = "eos"
+                break
+            piece, stopped = text.add(token)
+            yield Delta(piece, token, *_logprobs(logprobs, token, top), None)
+            if stopped or (max_tokens is not None and len(text.ids) >= max_tokens):
+                reason = "stop" if stopped else "length"
+                break
+    except KeyboardInterrupt:
+        if not interruptible:
+            raise
+        reason = "interrupted"
+    yield text.end(reason)
+
+
+def _logprobs(logprobs: np.ndarray, token: int, top: int | None) -> tuple[float | None, list | None]:
+    if top is None:
+        return None, None
+    n = min(top, logprobs.size)
+    best = np.argpartition(-logprobs, n - 1)[:n] if n else np.arange(0)
+    best = best[np.lexsort((best, -logprobs[best]))]  # likeliest first, lower ids first on ties
+    return float(logprobs[token]), [(int(i), float(logprobs[i])) for i in best]
+
+
+class _Text:
+    """Generated ids → the text that is certain so far; finds stop strings."""
+
+    def __init__(self, stream: TextStream, stop: list[str]):
+        self.stream, self.stop = stream, stop
+        self.ids: list[int] = []
+        self.sent, self.cut = 0, None  # chars handed out so far; where a stop string starts
+
+    def add(self, token: int) -> tuple[str, bool]:
+        """Take one token: the text it made certain, and whether a stop string has appeared."""
+        self.ids.append(token)
+        text = self.stream.text(self.ids)
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.cut = min(hits)
+            return self._take(text[:self.cut]), True
+        return self._take(text[:len(text) - self._held(text)]), False
+
+    def end(self, reason: str) -> Delta:
+        text = self.stream.text(self.ids, final=True)
+        return Delta(self._take(text if self.cut is None else text[:self.cut]), None, None, None, reason)
+
+    def _held(self, text: str) -> int:
+        """Length of the longest tail of `text` that begins some stop string."""
+        return max((n for s in self.stop for n in range(min(len(s) - 1, len(text)), 0, -1)
+                    if s.startswith(text[-n:])), default=0)
+
+    def _take(self, text: str) -> str:
+        if len(text) <= self.sent:
+            return ""
+        piece, self.sent = text[self.sent:], len(text)
+        return piece
+
+
 @dataclass
 class GenerationResult:
     prompt_ids: list[int]
@@ -99,71 +221,29 @@ def generate(runner: Runner, tokenizer: Any, prompt_ids: Sequence[int], *, max_t
     reason "interrupted", instead of propagating (chat stops a reply, not the session). The
     cache stays usable: a runner advances `cache.length` only once a position is stored."""
     check_sampling(max_tokens=max_tokens)
-    eos = set(runner.config.eos_ids if eos_ids is None else eos_ids)
-    if eos_ids is None and getattr(tokenizer, "eos_id", None) is not None:
-        eos.add(tokenizer.eos_id)
-    out = _Collector(TextStream(tokenizer, prompt_ids), [s for s in stop if s], on_text)
-    if max_tokens == 0:
-        check_prompt(len(prompt_ids), runner.config.max_position_embeddings)
-        return out.result(list(prompt_ids), 0.0, 0.0, "length")
+    stream = _deltas(runner, tokenizer, prompt_ids, sampler, logits_processors, stop, max_tokens,
+                     eos_ids, cache, interruptible, None)
+    ids, texts, times = [], [], []
     t0 = time.perf_counter()
-    times, reason = [], "context"
-    try:
-        for token, _ in generate_step(runner, prompt_ids, sampler, logits_processors, cache):
-            times.append(time.perf_counter())
-            if token in eos:
-                reason = "eos"
-                break
-            if out.add(token):
-                reason = "stop"
-                break
-            if len(out.ids) >= max_tokens:
-                reason = "length"
-                break
-    except KeyboardInterrupt:
-        if not interruptible:
-            raise
-        reason = "interrupted"
+    delta = next(stream)
+    while True:
+        if delta.token is not None or delta.finish_reason == "eos":
+            times.append(time.perf_counter())  # each token sampled, the EOS included
+        if delta.token is not None:
+            ids.append(delta.token)
+        texts.append(delta.text)
+        try:
+            if on_text is not None and delta.text:
+                on_text(delta.text)
+        except KeyboardInterrupt:
+            if not interruptible or delta.finish_reason is not None:
+                raise
+            delta = stream.throw(KeyboardInterrupt())  # ends the stream as a Ctrl-C in decode would
+            continue
+        if delta.finish_reason is not None:
+            break
+        delta = next(stream)
     decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
     rate = (len(times) - 1) / decode_s if decode_s > 0 else 0.0
-    return out.result(list(prompt_ids), (times[0] - t0) * 1e3 if times else 0.0, rate, reason)
-
-
-class _Collector:
-    """Generated ids → text; finds stop strings and streams what is certain."""
-
-    def __init__(self, stream: TextStream, stop: list[str], on_text: Callable[[str], None] | None):
-        self.stream, self.stop, self.on_text = stream, stop, on_text
-        self.ids: list[int] = []
-        self.sent, self.cut = 0, None  # chars streamed so far; where a stop string starts
-
-    def add(self, token: int) -> bool:
-        """Take one token; True when a stop string has appeared."""
-        self.ids.append(token)
-        text = self.stream.text(self.ids)
-        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
-        if hits:
-            self.cut = min(hits)
-            self._send(text[:self.cut])
-            return True
-        self._send(text[:len(text) - self._held(text)])
-        return False
-
-    def _held(self, text: str) -> int:
-        """Length of the longest tail of `text` that begins some stop string."""
-        return max((n for s in self.stop for n in range(min(len(s) - 1, len(text)), 0, -1)
-                    if s.startswith(text[-n:])), default=0)
-
-    def _send(self, text: str) -> None:
-        if len(text) > self.sent:
-            # counted as sent first: a Ctrl-C inside on_text must not stream the piece again
-            piece, self.sent = text[self.sent:], len(text)
-            if self.on_text is not None:
-                self.on_text(piece)
-
-    def result(self, prompt_ids: list[int], prefill_ms: float, rate: float, reason: str) -> GenerationResult:
-        text = self.stream.text(self.ids, final=True)
-        if self.cut is not None:
-            text = text[:self.cut]
-        self._send(text)
-        return GenerationResult(prompt_ids, list(self.ids), text, prefill_ms, rate, reason)
+    prefill_ms = (times[0] - t0) * 1e3 if times else 0.0
+    return GenerationResult(list(prompt_ids), ids, "".join(texts), prefill_ms, rate, delta.finish_reason)
