@@ -33,7 +33,9 @@ MAX_MODULE_LINES = 400
 # + 166: response_format by constrained decoding (issue 30: llguidance's masks as a logits processor).
 # + 383: the generation library a server sits on (issue 30: SamplingOptions, stream_generate,
 # the engine, History and the prompt cache moved out of the CLI).
-MAX_PACKAGE_LINES = 27136
+# + 722: anelm serve (issue 30: the OpenAI protocol, the device worker, the HTTP layer, the CLI,
+# every program built before serving).
+MAX_PACKAGE_LINES = 27858
 
 
 def line_counts() -> dict[str, int]:

@@ -10,7 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "anelm"
 # lowest first; modules on one line are peers (errors and atomic import nothing of anelm; caches
 # writes its source fingerprint's memo through atomic)
 LAYERS = [("errors", "atomic"), ("caches",), ("mil",), ("ir",), ("chip",), ("models",), ("compiler",), ("device",),
-          ("runtime",), ("kernels",), ("generate",), ("train",), ("quant",), ("bench",), ("doctor",), ("cli",)]
+          ("runtime",), ("kernels",), ("generate",), ("serve",), ("train",), ("quant",), ("bench",), ("doctor",),
+          ("cli",)]
 RANK = {name: i for i, group in enumerate(LAYERS) for name in group}
 TOP = {"__init__", "__main__"}  # the package itself: its version, and `python -m anelm`
 

@@ -25,17 +25,6 @@ def add_adapter_arg(p: argparse.ArgumentParser) -> None:
                    help="run with a LoRA adapter: a finetune RUN folder or a PEFT LoRA folder for this base")
 
 
-def adapter_from_args(args, config):
-    """The LoRA adapter of --adapter, checked against the base (None without the flag)."""
-    if getattr(args, "adapter", None) is None:
-        return None
-    from ..models.adapters import load_peft
-    from ..models.quantized import refuse_quantized
-
-    refuse_quantized(args.model, "--adapter")
-    return load_peft(args.adapter, config)
-
-
 def check_before_loading(args, device: bool = True) -> None:
     """The flags that need no model, checked before one loads (seconds on a real model, which
     a typo would otherwise cost): --device ane off a machine without it (when the command will

@@ -27,6 +27,7 @@ SUBCOMMANDS = {
     "export": ("export", "export a training run as a Hugging Face folder"),
     "generate": ("generate", "generate text from a model"),
     "chat": ("chat", "chat with a model"),
+    "serve": ("serve", "serve a model over the OpenAI API (chat and text completions, streaming)"),
     "perplexity": ("perplexity", "score a text file with a model: perplexity and next-token choices"),
     "quantize": ("quantize", "int8 weights (w8) or weights and activations (w8a8), calibrated and scored"),
     "doctor": ("doctor", "report the machine and devices; run the hardware conformance suite"),

@@ -154,6 +154,18 @@ class DeviceRunner:
             self._reserve(lora_rank or adapter.rank, roles)
         self.set_adapter(adapter)
 
+    def warm(self, on_program=None) -> int:
+        """Build (or load from the program store) every program of every size now, so that no
+        later prompt waits for a compile (`anelm serve`); the plan fits them in the compile
+        budget. `on_program()` is called after each. Returns how many there are."""
+        sizes = [("prefill", b) for b in self.plan.prefill] + [("decode", t) for t in self.plan.decode]
+        for kind, size in sizes:
+            for i in range(self.config.num_hidden_layers):
+                self._kernel(kind, i, size)
+                if on_program is not None:
+                    on_program()
+        return len(sizes) * self.config.num_hidden_layers
+
     # --- Runner interface -------------------------------------------------------------------
     def new_cache(self) -> DeviceCache:
         return DeviceCache(self.config.num_hidden_layers, self.shapes[0].kv_channels, self.plan.context,

@@ -1,0 +1,5 @@
+"""`anelm serve`: an OpenAI-compatible HTTP server over one model on the device (CONTRACTS §15).
+
+protocol (requests checked, responses built) -> worker (one device thread, a FIFO of jobs, the
+prompt cache) -> server (HTTP, server-sent events, API key); respond turns deltas into bodies.
+"""
