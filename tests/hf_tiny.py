@@ -28,6 +28,11 @@ SPECS = {
                          rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
                          attention_bias=True, mlp_bias=True, **LLAMA)),
+    # YaRN's attention factor (1.139 on cos and sin) and frequencies past its original context of 16
+    "llama-yarn": ("LlamaConfig", "LlamaForCausalLM",
+                   dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=1000.0,
+                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+                        **LLAMA)),
     "qwen3-tied": ("Qwen3Config", "Qwen3ForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, **LLAMA)),
     "qwen3-untied": ("Qwen3Config", "Qwen3ForCausalLM",

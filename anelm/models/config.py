@@ -14,14 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from .errors import ConfigError
-
-# rope_type -> the keys its scaling needs (HF `rope_parameters`); "default" needs none.
-ROPE_TYPES = {
-    "default": (),
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-}
-
+from .rope import rope_frequencies, rope_type, standardize
 
 @dataclass(frozen=True)
 class BaseConfig:
@@ -121,14 +114,11 @@ class LlamaConfig(BaseConfig):
         self._check_rope_scaling()
 
     def _check_rope_scaling(self) -> None:
-        if self.rope_scaling is None:
-            return
-        kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-        if kind not in ROPE_TYPES:
-            raise self._fail(f"unsupported rope_type {kind!r}: expected one of {', '.join(ROPE_TYPES)}")
-        missing = [k for k in ROPE_TYPES[kind] if k not in self.rope_scaling]
-        if missing:
-            raise self._fail(f"rope_type {kind!r} needs {', '.join(missing)}")
+        """HF's rope parameters completed as HF completes them (`rope.standardize`), or a one-line error."""
+        scaling, problem = standardize(self.rope_scaling, self.max_position_embeddings)
+        if problem:
+            raise self._fail(problem)
+        self._set("rope_scaling", scaling)
 
     def window(self, index: int) -> int | None:
         """The sliding window of layer `index`, or None: every Llama layer attends to all."""
@@ -138,10 +128,14 @@ class LlamaConfig(BaseConfig):
         """(RoPE base, scaling) of layer `index`: the same for every Llama layer."""
         return self.rope_theta, self.rope_scaling
 
+    def attention_factor(self, index: int) -> float:
+        """RoPE's gain on cos and sin in layer `index` (YaRN's; 1 for most types): q and k both
+        carry it, so the runners scale the scores by its square (`rope.py`)."""
+        return rope_frequencies(self.head_dim, *self.rope(index))[1]
+
     @property
     def rope_type(self) -> str:
-        rs = self.rope_scaling or {}
-        return rs.get("rope_type", rs.get("type", "default"))
+        return rope_type(self.rope_scaling)
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()

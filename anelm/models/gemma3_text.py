@@ -92,7 +92,8 @@ class Model(llama.Model):
         super().__init__(config, weights)
         c = config
         self.inv_freqs = layer_inv_freqs(c)
-        self.scale = 1.0 / math.sqrt(c.query_pre_attn_scalar)
+        self.scales = [c.attention_factor(i) ** 2 / math.sqrt(c.query_pre_attn_scalar)
+                       for i in range(c.num_hidden_layers)]
         # HF multiplies by the scale cast to the weights' dtype: √640 as a float32
         self.embed_scale = np.float32(math.sqrt(c.hidden_size))
 
@@ -111,7 +112,7 @@ class Model(llama.Model):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start = cache.length
         k_all, v_all = cache.store(i, k, v)
-        out = attention(q, k_all, v_all, start, self.scale, self.config.window(i))
+        out = attention(q, k_all, v_all, start, self.scales[i], self.config.window(i))
         return self.project(i, "self_attn.o_proj", out)
 
     def mlp(self, i: int, h: np.ndarray) -> np.ndarray:

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from .rope import rope_frequencies
+
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     y = x @ w.T  # [T, in] @ [in, out] -> [T, out]
@@ -52,30 +54,9 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
 # training step (train/cpu_ops.py, channel-first) all take them from here.
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
-    """Per-pair angular frequencies [hd/2], with HF's `linear` and `llama3` rescaling.
-
-    Computed in float32 as HF does (1/θ^(2i/hd)), so the tables match its to the bit; the
-    rescaling runs in float64 on those values.
-    """
-    f32 = np.float32
-    inv = f32(1.0) / (f32(theta) ** (np.arange(0, head_dim, 2, dtype=f32) / f32(head_dim)))
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if kind == "linear":
-        inv = inv.astype(np.float64) / scaling["factor"]
-    elif kind == "llama3":
-        inv = _llama3_scale(inv.astype(np.float64), scaling)
-    return inv.astype(np.float32)
-
-
-def _llama3_scale(inv: np.ndarray, s: dict) -> np.ndarray:
-    # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
-    old = s["original_max_position_embeddings"]
-    lo_wavelen, hi_wavelen = old / s["low_freq_factor"], old / s["high_freq_factor"]
-    wavelen = 2 * math.pi / inv
-    smooth = (old / wavelen - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
-    blended = (1 - smooth) * inv / s["factor"] + smooth * inv
-    out = np.where(wavelen > lo_wavelen, inv / s["factor"], inv)
-    return np.where((wavelen >= hi_wavelen) & (wavelen <= lo_wavelen), blended, out)
+    """Per-pair angular frequencies [hd/2] of RoPE with base `theta` and HF's `scaling`
+    (`rope.py`, one implementation of every rope type), as HF's float32 tables hold them."""
+    return rope_frequencies(head_dim, theta, scaling)[0]
 
 
 def layer_inv_freqs(config) -> list[np.ndarray]:

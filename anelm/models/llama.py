@@ -74,7 +74,8 @@ class Model(CausalLM):
         super().__init__(config, weights)
         c = config
         self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
-        self.scale = 1.0 / math.sqrt(c.head_dim)
+        # scores scale by 1/√hd and by the square of RoPE's attention factor (YaRN's, `rope.py`)
+        self.scales = [c.attention_factor(i) ** 2 / math.sqrt(c.head_dim) for i in range(c.num_hidden_layers)]
 
     expected_shapes = staticmethod(expected_shapes)
 
@@ -102,7 +103,7 @@ class Model(CausalLM):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start = cache.length
         k_all, v_all = cache.store(i, k, v)
-        return self.project(i, "self_attn.o_proj", attention(q, k_all, v_all, start, self.scale))
+        return self.project(i, "self_attn.o_proj", attention(q, k_all, v_all, start, self.scales[i]))
 
     def mlp(self, i: int, h: np.ndarray) -> np.ndarray:
         """SwiGLU: down(silu(gate(h)) * up(h))."""

@@ -28,7 +28,7 @@ from anelm.generate.runner import Runner, make_runner  # noqa: E402
 from anelm.models.errors import ContextError  # noqa: E402
 from anelm.models.loading import load_model  # noqa: E402
 
-KINDS = ["gpt2", "llama-mha", "llama-gqa", "llama-rope3", "qwen3-tied", "qwen3-untied"]
+KINDS = ["gpt2", "llama-mha", "llama-gqa", "llama-rope3", "llama-yarn", "qwen3-tied", "qwen3-untied"]
 PROMPTS = [[1, 5, 9, 22], [1] + list(range(40, 61)), [7], list(range(70, 86))]  # buckets 16, 32, 16, 16
 N_NEW = 12
 LOGITS_TOL = 3e-2  # §6: logits of a whole tiny model

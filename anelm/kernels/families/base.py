@@ -48,6 +48,12 @@ class Family(ABC):
         return config.rms_norm_eps
 
     def attention_scale(self, config, index: int) -> float:
+        """The scores' scale in layer `index`: the family's, times the square of RoPE's attention
+        factor (YaRN's gain on cos and sin, which q and k both carry: `models/rope.py`)."""
+        gain = config.attention_factor(index) if self.rotary else 1.0
+        return self.score_scale(config, index) * gain * gain
+
+    def score_scale(self, config, index: int) -> float:
         return 1.0 / math.sqrt(config.head_dim)
 
     # --- a layer's parameters (HF names inside the layer, `[out, in]`) --------------------------

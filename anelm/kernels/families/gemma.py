@@ -23,7 +23,7 @@ class GemmaFamily(LlamaFamily):
     activation = "gelu_tanh"
     gain_offset = 1.0
 
-    def attention_scale(self, config, index: int) -> float:
+    def score_scale(self, config, index: int) -> float:
         return 1.0 / math.sqrt(config.query_pre_attn_scalar)
 
     def affine(self, w: dict[str, np.ndarray], role: str) -> tuple[np.ndarray, np.ndarray | None]:

@@ -30,7 +30,7 @@ class GPT2Family(Family):
     def norm_eps(self, config) -> float:
         return config.layer_norm_epsilon
 
-    def attention_scale(self, config, index: int) -> float:
+    def score_scale(self, config, index: int) -> float:
         scale = 1.0 / math.sqrt(config.head_dim) if config.scale_attn_weights else 1.0
         return scale / (index + 1) if config.scale_attn_by_inverse_layer_idx else scale
 
