@@ -37,7 +37,7 @@ MAX_MODULE_LINES = 400
 # every program built before serving).
 # + 139: rope scaling in one table for every family (issue 31: linear, dynamic, yarn, llama3 and
 # longrope's frequencies against HF's, YaRN's attention factor folded into the score scale).
-MAX_PACKAGE_LINES = 27997
+MAX_PACKAGE_LINES = 28005
 
 
 def line_counts() -> dict[str, int]:

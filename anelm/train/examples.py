@@ -47,6 +47,11 @@ class ExampleSet:
         """The unigram entropy of the counted tokens: the loss plot's reference line."""
         return counted_entropy(self.train + self.val)
 
+    def examples_to_prompt(self) -> list[list[int]]:
+        """Each valid example's prompt: its ids before the first counted one (the generation
+        prompt of a chat, a completion's prompt), for the run's end sample."""
+        return [e.ids[:int(np.argmax(e.counted))].tolist() for e in self.val if e.counted.any() and e.counted.argmax() > 0]
+
     def describe(self) -> str:
         valid = "held out from train" if self.held_out else "valid"
         return (f"{len(self.train):,} train / {len(self.val):,} {valid} {_NAMES[self.shape]} examples, "

@@ -21,6 +21,9 @@ def sample_text(setup: RunSetup, n_tokens: int, seed: int, temperature: float = 
     cfg = setup.model_config
     start = cfg.bos_token_id if cfg.bos_token_id is not None else getattr(tok, "bos_id", None)
     prompt = [int(start)] if start is not None else tok.encode("Once upon a time")
+    first = next(iter(getattr(setup.data, "examples_to_prompt", lambda: [])()), None)
+    if first is not None:  # instruction data: the reply to the first valid example's prompt
+        prompt = first
     room = cfg.max_position_embeddings - len(prompt)
     if not prompt or room <= 0:
         return None

@@ -24,8 +24,8 @@ def _f(default, help_: str, **kw):
 @dataclass(frozen=True)
 class TrainSettings:
     preset: str = _f("tiny", "model preset: tiny, stories15m, stories42m, stories110m, qwen3-0.6b")
-    data: str | None = _f(None, "UTF-8 text file, folder of .txt files, or llama2.c .bin "
-                                "(default: the built-in story corpus)")
+    data: str | None = _f(None, "UTF-8 text file, folder of .txt files, llama2.c .bin, or JSONL records (a .jsonl "
+                                "file, or a folder with train.jsonl and valid.jsonl) (default: the built-in story corpus)")
     valid_data: str | None = _f(None, "validation JSONL (default: valid.jsonl beside a --data folder's train.jsonl, "
                                       "else a held-out part of the data)", metavar="FILE")
     train_on_prompt: bool = _f(False, "JSONL data: count every token in the loss, not only the answers'", kind="flag")
