@@ -38,6 +38,14 @@ SPECS = {
     "qwen3-untied": ("Qwen3Config", "Qwen3ForCausalLM",
                      dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False,
                           rope_theta=1e6, **LLAMA)),
+    # q, k, v biases, a tied head, YaRN as Qwen2.5's long-context variants (HF's 4.x spelling)
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e4,
+                   rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}, **LLAMA)),
+    # HF's sliding window on the layers from max_window_layers on (off in released checkpoints)
+    "qwen2-window": ("Qwen2Config", "Qwen2ForCausalLM",
+                     dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=False,
+                          use_sliding_window=True, sliding_window=8, max_window_layers=1, **LLAMA)),
     # a window shorter than the tests' texts, local and global RoPE bases of its own, a score
     # scale that is not head_dim's, full attention on the third layer of four
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",

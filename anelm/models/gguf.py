@@ -161,12 +161,26 @@ def llama_config(arch: str, get: Any, path: Path) -> dict[str, Any]:
 
 
 def _rope_scaling(arch: str, get: Any, path: Path) -> dict[str, Any] | None:
+    """HF's rope parameters from llama.cpp's `rope.scaling.*` keys (Llama 3's per-pair factors
+    come as a tensor instead: `rope_freqs`, read in `config_from_gguf`)."""
     kind = get("rope.scaling.type", "none")
     if kind == "none":
         return None
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
-    raise LoadError(f"{path}: unsupported {arch}.rope.scaling.type {kind!r}: expected none or linear")
+    if kind != "yarn":
+        raise LoadError(f"{path}: unsupported {arch}.rope.scaling.type {kind!r}: expected none, linear or yarn")
+    odd = [k for k in ("attn_factor", "yarn_log_multiplier", "yarn_ext_factor", "yarn_attn_factor")
+           if get(f"rope.scaling.{k}", "") != ""]
+    if odd:
+        raise LoadError(f"{path}: {arch}.rope.scaling.{odd[0]} is not supported: expected YaRN as HF defines it "
+                        "(factor, original_context_length, yarn_beta_fast, yarn_beta_slow)")
+    p = {"rope_type": "yarn", "factor": float(get("rope.scaling.factor")),
+         "original_max_position_embeddings": int(get("rope.scaling.original_context_length"))}
+    for ours in ("beta_fast", "beta_slow"):
+        if (v := get(f"rope.scaling.yarn_{ours}", "")) != "":
+            p[ours] = float(v)
+    return p
 
 
 # --- tensors ----------------------------------------------------------------------------------

@@ -103,7 +103,8 @@ class Model(CausalLM):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start = cache.length
         k_all, v_all = cache.store(i, k, v)
-        return self.project(i, "self_attn.o_proj", attention(q, k_all, v_all, start, self.scales[i]))
+        out = attention(q, k_all, v_all, start, self.scales[i], self.config.window(i))  # a window: Mistral's
+        return self.project(i, "self_attn.o_proj", out)
 
     def mlp(self, i: int, h: np.ndarray) -> np.ndarray:
         """SwiGLU: down(silu(gate(h)) * up(h))."""

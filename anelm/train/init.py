@@ -32,9 +32,8 @@ def model_config(cfg: dict):
     if not family_for(config.model_type).trains:  # every family's layers have a step today (`steps.py`)
         raise TrainError(f"cannot train model_type {config.model_type!r}: expected one of "
                          f"{', '.join(TRAINABLE_TYPES)}")
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise TrainError("cannot train a model with attention or MLP biases: expected "
-                         "attention_bias = mlp_bias = false (Llama/Qwen3 shapes)")
+    if getattr(config, "mlp_bias", False):
+        raise TrainError("cannot train a model with MLP biases: expected mlp_bias = false")
     return config
 
 

@@ -124,9 +124,8 @@ class DeviceTrainStep:
     def _check_config(config) -> None:
         if not isinstance(config, LlamaConfig):
             raise UsageError(f"training needs a Llama or Qwen3 config, got {type(config).__name__}")
-        if config.attention_bias or config.mlp_bias:
-            raise UsageError("training supports bias-free Llama/Qwen3 layers; expected attention_bias "
-                             "and mlp_bias false")
+        if config.mlp_bias:
+            raise UsageError("training supports Llama/Qwen3 layers with bias-free MLPs; expected mlp_bias false")
 
     @property
     def compiles_per_update(self) -> int:
@@ -301,6 +300,16 @@ class DeviceTrainStep:
     def _w(self, layer: int, role: str) -> np.ndarray:
         return self.w[self._name(layer, role)]
 
+    def _bias(self, layer: int, role: str, y: np.ndarray) -> np.ndarray:
+        """y `[C, B·S]` plus the projection's bias where it has one (Qwen2's q, k, v; attention_bias)."""
+        b = self.w.get(weight_name(self.cfg.model_type, layer, role, "bias"))
+        return y if b is None else y + b[:, None]
+
+    def _bias_grad(self, grads: dict, layer: int, role: str, dy: np.ndarray) -> None:
+        name = weight_name(self.cfg.model_type, layer, role, "bias")
+        if name in self.w:
+            grads[name] = dy.sum(axis=1)
+
     # ------------------------------------------------------------------ forward
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         return ops.embed_fwd(self.w[self.embed], ids.reshape(-1))   # [D, B·S]
@@ -320,7 +329,7 @@ class DeviceTrainStep:
         xn, c["r1"] = ops.rmsnorm_fwd(x, self._w(i, "attn_norm"), eps)
         c["xn"] = clamp(xn)
         qkv = self._dev("qkv", i, xn=c["xn"])
-        q, k, c["v"] = qkv["q"], qkv["k"], qkv["v"]
+        q, k, c["v"] = self._bias(i, "q", qkv["q"]), self._bias(i, "k", qkv["k"]), clamp(self._bias(i, "v", qkv["v"]))
         if self.qk_norm:
             c["q0"], c["k0"] = q, k
             q, c["rq"] = ops.head_rmsnorm_fwd(q, self._w(i, "q_norm"), eps)
@@ -328,7 +337,7 @@ class DeviceTrainStep:
         c["qr"] = clamp(ops.rope_fwd(q, self._cos, self._sin))
         c["kr"] = clamp(ops.rope_fwd(k, self._cos, self._sin))
         c["attn"] = self._dev("sdpa_fwd", i, qr=c["qr"], kr=c["kr"], v=c["v"])["attn"]
-        c["x2"] = x + self._dev("wo", i, attn=c["attn"])["o"]
+        c["x2"] = x + self._bias(i, "o", self._dev("wo", i, attn=c["attn"])["o"])
         x2n, c["r2"] = ops.rmsnorm_fwd(c["x2"], self._w(i, "mlp_norm"), eps)
         c["x2n"] = clamp(x2n)
         c.update(self._dev("ffn_up", i, x2n=c["x2n"]))          # gate, h1, h3
@@ -364,6 +373,7 @@ class DeviceTrainStep:
             dx2n, c["x2"], self._w(i, "mlp_norm"), c["r2"])
         dx2 = dx2 + dy
         self._dw(jobs, name("o"), dx2, c["attn"])
+        self._bias_grad(grads, i, "o", dx2)
         dattn = self._dev("wo_dx", i, dx2=dx2)["dattn"]
         g = self._dev("sdpa_bwd", i, qr=c["qr"], kr=c["kr"], v=c["v"], dattn=dattn)
         dq, dk = ops.rope_bwd(g["dq"], self._cos, self._sin), ops.rope_bwd(g["dk"], self._cos, self._sin)
@@ -374,6 +384,7 @@ class DeviceTrainStep:
                 dk, c["k0"], self._w(i, "k_norm"), c["rk"])
         for n, d in (("q", dq), ("k", dk), ("v", g["dv"])):
             self._dw(jobs, name(n), d, c["xn"])
+            self._bias_grad(grads, i, n, d)
         dxn = self._dev("qkv_dx", i, dq=dq, dk=dk, dv=g["dv"])["dx"]
         dx, grads[name("attn_norm")] = ops.rmsnorm_bwd(
             dxn, c["x"], self._w(i, "attn_norm"), c["r1"])

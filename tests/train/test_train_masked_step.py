@@ -5,9 +5,9 @@ from 0 and attending only inside itself, and counts only some targets (the answe
 oracle runs HF's float32 model (eager attention) on each example alone, sums the cross-entropy
 of its counted targets, and divides by the count over all examples: the step on the packed
 batch must give that loss and every gradient (PEFT's adapter gradients for LoRA). Llama with
-GQA, Qwen3, GPT-2 (learned positions: the restart at 0 reaches the position table) and Gemma 3
-(a sliding window shorter than an example: the window is on positions) cover what the mask and
-the positions touch. Tolerances as CONTRACTS §6: gradients max|got − ref| / max|ref| ≤ 5e-2 and
+GQA, Qwen3, GPT-2 (learned positions: the restart at 0 reaches the position table), Gemma 3
+(a sliding window shorter than an example: the window is on positions) and Qwen2 (q, k, v
+biases and their gradients, YaRN) cover what the mask and the positions touch. Tolerances as CONTRACTS §6: gradients max|got − ref| / max|ref| ≤ 5e-2 and
 cosine ≥ 0.999, the loss 1e-2 relative.
 """
 
@@ -115,7 +115,7 @@ def ours(arch, config, grads):
     return arch.sanitize(grads, config)
 
 
-@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3-untied", "gpt2", "gemma3"])
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3-untied", "gpt2", "gemma3", "qwen2"])
 def test_packed_masked_loss_and_gradients_match_each_example_alone(kind, tmp_path):
     hf, config, weights, arch = tiny(kind, tmp_path)
     hf.config._attn_implementation = "eager"
