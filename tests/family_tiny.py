@@ -1,6 +1,6 @@
 """Tiny models of the families users download (Qwen2, Llama 3.x, Mistral), each as an HF folder
 and as the GGUF llama.cpp's converter would write from it (`import family_tiny` from any test
-folder): the oracles of tests/generate/test_families.py.
+folder): the oracles of tests/generate/test_generate_families.py.
 
 The HF folder is `hf_tiny.make_word_model`'s (a word-level tokenizer whose ids are the model's)
 with the head sharpened as CONTRACTS §6 asks. The GGUF holds the same float32 weights under
@@ -43,22 +43,25 @@ def interleave(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def rope_divisors(hf) -> np.ndarray:
-    """Llama 3's per-pair divisors of the plain frequencies (llama.cpp's `rope_freqs`), from HF's
-    own frequencies: plain / scaled."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    c = hf.config
-    scaled = ROPE_INIT_FUNCTIONS["llama3"](c, "cpu")[0].numpy()
-    theta, hd = c.rope_parameters["rope_theta"], c.head_dim
-    plain = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd)
-    return (plain / scaled).astype(np.float32)
+def rope_divisors(p: dict, hd: int) -> np.ndarray:
+    """Llama 3's per-pair divisors of the plain frequencies for HF's rope parameters `p` (with
+    rope_theta), by the rule llama.cpp's converter writes its `rope_freqs` tensor with: 1 below
+    original/high_freq_factor wavelengths, `factor` above original/low_freq_factor,
+    1 / ((1 - s) / factor + s) between."""
+    f, lo, hi, old = (p[k] for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
+    out = []
+    for freq in 1.0 / p["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float32) / hd):
+        wavelen = 2 * np.pi / float(freq)
+        s = (old / wavelen - lo) / (hi - lo)
+        out.append(1.0 if wavelen < old / hi else f if wavelen > old / lo else 1 / ((1 - s) / f + s))
+    return np.asarray(out, np.float32)
 
 
 def write_gguf(hf, path: Path, arch: str, pre: str, meta: dict | None = None, permute: bool = False,
-               rope_freqs: bool = False) -> Path:
+               rope_freqs: bool | np.ndarray = False) -> Path:
     """`hf`'s weights and config as llama.cpp's converter lays them out (module doc); `meta`:
-    more `{arch}.*` keys (rope scaling, window) by their names after the arch."""
+    more `{arch}.*` keys (rope scaling, window) by their names after the arch; `rope_freqs`:
+    Llama 3's divisors (True: those of `hf`'s parameters) or other values to store instead."""
     c = hf.config
     heads, kv = c.num_attention_heads, c.num_key_value_heads
     hd = getattr(c, "head_dim", None) or c.hidden_size // heads
@@ -96,8 +99,9 @@ def write_gguf(hf, path: Path, arch: str, pre: str, meta: dict | None = None, pe
         elif permute and ".k_proj." in name:
             a = interleave(a, kv)
         w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), a)
-    if rope_freqs:
-        w.add_tensor("rope_freqs.weight", rope_divisors(hf))
+    if rope_freqs is not False:
+        own = isinstance(rope_freqs, bool)
+        w.add_tensor("rope_freqs.weight", rope_divisors(c.rope_parameters, hd) if own else rope_freqs)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

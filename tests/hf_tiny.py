@@ -28,6 +28,12 @@ SPECS = {
                          rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
                          attention_bias=True, mlp_bias=True, **LLAMA)),
+    # Llama 3.2's shape (GQA, a tied head, llama3 rope scaling) at a tiny size: two of the eight
+    # frequency pairs in the blend, the rest slowed, past the original context of 16
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",
+               dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=500.0,
+                    rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}, **LLAMA)),
     # YaRN's attention factor (1.139 on cos and sin) and frequencies past its original context of 16
     "llama-yarn": ("LlamaConfig", "LlamaForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=1000.0,

@@ -26,6 +26,7 @@ import numpy as np
 from .config import ModelConfig, config_from_dict
 from .errors import ConfigError, LoadError
 
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-pair RoPE divisors (Llama 3's scaling)
 UNKNOWN_TYPE = re.compile(r"(\d+)\)? is not a valid GGMLQuantizationType")  # "np.uint32(99) is not..."
 
 
@@ -140,6 +141,8 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, Any], path: Path) 
     d = module.gguf_config(arch, get, path) if hasattr(module, "gguf_config") else llama_config(arch, get, path)
     d.update(model_type=model_type, vocab_size=vocab, tie_word_embeddings=tied,
              bos_token_id=ids["bos"], eos_token_id=ids["eos"])
+    if ROPE_FREQS in tensors and "rope_theta" in d:  # Llama 3's scaling: per-pair divisors, no keys
+        d["rope_scaling"] = _llama3(_dequantize(tensors[ROPE_FREQS], path), d, arch, path)
     try:
         return config_from_dict(d, str(path))
     except ConfigError as e:
@@ -158,6 +161,18 @@ def llama_config(arch: str, get: Any, path: Path) -> dict[str, Any]:
                 num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
                 rms_norm_eps=get("attention.layer_norm_rms_epsilon"), rope_theta=get("rope.freq_base", 10000.0),
                 rope_scaling=_rope_scaling(arch, get, path), max_position_embeddings=get("context_length"))
+
+
+def _llama3(divisors: np.ndarray, d: dict[str, Any], arch: str, path: Path) -> dict[str, Any]:
+    from .rope import llama3_from_divisors
+
+    if d.get("rope_scaling") is not None:
+        raise LoadError(f"{path}: GGUF has both {arch}.rope.scaling keys and a {ROPE_FREQS} tensor: expected one")
+    p = llama3_from_divisors(divisors, d["head_dim"], d["rope_theta"])
+    if p is None:
+        raise LoadError(f"{path}: GGUF tensor {ROPE_FREQS} holds no Llama 3 RoPE scaling: expected per-pair divisors "
+                        "of 1 (short wavelengths), one factor (long ones) and Llama 3's blend between")
+    return p
 
 
 def _rope_scaling(arch: str, get: Any, path: Path) -> dict[str, Any] | None:
@@ -197,11 +212,11 @@ def _tensor_names(arch: str, config: ModelConfig, expected: dict[str, tuple[int,
     if missing:
         more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
         raise LoadError(f"{path}: GGUF tensors missing: {', '.join(missing[:3])}{more}")
-    extra = sorted(set(tensors) - set(names.values()))
+    read = {ROPE_FREQS} if getattr(config, "rope_type", None) == "llama3" else set()  # the config's (`config_from_gguf`)
+    extra = sorted(set(tensors) - set(names.values()) - read)
     if extra:
-        what = ("RoPE frequency factors (Llama 3.1-style scaling) are not supported"
-                if "rope_freqs.weight" in extra else "expected only the weights of the architecture")
-        raise LoadError(f"{path}: GGUF tensor {extra[0]} is not used by {arch}: {what}")
+        raise LoadError(f"{path}: GGUF tensor {extra[0]} is not used by {arch}: expected only the weights "
+                        "of the architecture")
     for hf, g in names.items():
         shape = tuple(int(n) for n in reversed(tensors[g].shape))  # GGML lists dims innermost first
         if shape != tuple(expected[hf]):

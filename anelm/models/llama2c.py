@@ -133,9 +133,11 @@ def qk_interleaved_to_half(w: dict[str, np.ndarray], c: LlamaConfig) -> dict[str
     """Every layer's q/k rows from interleaved RoPE pairs to HF's halves, in place. llama2.c
     and llama.cpp's llama-arch converter both store the interleaved order."""
     for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}.self_attn."
-        w[p + "q_proj.weight"] = _interleaved_to_half(w[p + "q_proj.weight"], c.num_attention_heads)
-        w[p + "k_proj.weight"] = _interleaved_to_half(w[p + "k_proj.weight"], c.num_key_value_heads)
+        for n, heads in (("q_proj", c.num_attention_heads), ("k_proj", c.num_key_value_heads)):
+            p = f"model.layers.{i}.self_attn.{n}."
+            w[p + "weight"] = _interleaved_to_half(w[p + "weight"], heads)
+            if p + "bias" in w:  # llama.cpp permutes a bias's rows with its weight's
+                w[p + "bias"] = _interleaved_to_half(w[p + "bias"][:, None], heads)[:, 0]
     return w
 
 

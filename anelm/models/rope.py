@@ -145,6 +145,28 @@ def standardize(scaling: dict | None, max_position_embeddings: int) -> tuple[dic
     return p, None
 
 
+def llama3_from_divisors(divisors: np.ndarray, head_dim: int, theta: float) -> dict | None:
+    """Llama 3's parameters from llama.cpp's per-pair divisors of the plain frequencies (its
+    `rope_freqs` tensor: 1 for short wavelengths, `factor` for long ones, the blend between), or
+    None when they are not Llama 3's. The blend's line in 1/wavelength fixes
+    original_max / (high - low) and low / (high - low); with low_freq_factor 1 (every Llama 3's)
+    they give the other two, and the same divisors recomputed from them are the check."""
+    r = np.asarray(divisors, np.float64).reshape(-1)
+    wavelen = 2 * math.pi * _powers(theta, head_dim).astype(np.float64)
+    factor = round(float(r.max()), 4) if r.size else 0.0  # float32 of 8.0 or 32.0
+    mid = (r > 1 + 1e-4) & (r < factor * (1 - 1e-4))
+    if r.shape != wavelen.shape or factor <= 1 or mid.sum() < 2:
+        return None
+    smooth = (1 / r[mid] - 1 / factor) / (1 - 1 / factor)  # the blend: r = 1 / ((1 - s) / factor + s)
+    slope, offset = np.polyfit(1 / wavelen[mid], smooth, 1)
+    if offset >= 0 or slope <= 0:
+        return None
+    p = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": round(1 - 1 / offset, 4),
+         "original_max_position_embeddings": int(round(-slope / offset))}
+    scaled = _llama3(p, head_dim, theta, None, None)[0]
+    return p if np.allclose(_default(p, head_dim, theta, None, None)[0] / scaled, r, rtol=1e-4) else None
+
+
 def rope_frequencies(head_dim: int, theta: float, scaling: dict | None = None, seq_len: int | None = None,
                      max_position_embeddings: int | None = None) -> tuple[np.ndarray, float]:
     """(inverse frequencies float32 [dim/2], attention factor) of RoPE with base `theta` and

@@ -34,6 +34,7 @@ SEQ = 64  # the models' context: every window passes the original context and th
 FAMILIES = {
     "qwen2": ("qwen2", "qwen2", "qwen2", {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
                                           "rope.scaling.original_context_length": 16}, False, False),
+    "llama": ("llama3", "llama", "llama-bpe", {}, True, True),  # Llama 3.x: q/k permuted, rope_freqs
 }
 
 
@@ -59,6 +60,15 @@ def test_folder_and_gguf_load_the_same_model(world):
     ref = hf_tiny.hf_logits(hf, ids[:60])
     for config, weights in ((c1, w1), (c2, w2)):
         assert rel_err(build_model(config, weights).forward(ids[:60]), ref) < 1e-4
+
+
+def test_export_of_the_gguf_is_hfs_model(world, tmp_path, capsys):
+    _, hf, paths, _, ids = world
+    assert main(["export", str(paths["gguf"]), "--out", str(tmp_path / "hf")]) == 0
+    ours = hf_tiny.transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=hf_tiny.torch.float32)
+    assert type(ours).__name__ == type(hf).__name__
+    assert rel_err(hf_tiny.hf_logits(ours.eval(), ids[:60]), hf_tiny.hf_logits(hf, ids[:60])) < 1e-5
+    capsys.readouterr()
 
 
 @pytest.mark.parametrize("source", ["folder", "gguf"])
@@ -130,3 +140,16 @@ def test_qwen2_finetune_adapter_loads_in_peft_and_perplexity_agrees(qwen2_finetu
                  "--max-tokens", str(SEQ), "--seq-len", str(SEQ), "--json", "--device", "emulator"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert abs(res["nll"] - ref_nll) <= 1e-2 * abs(ref_nll), (res["nll"], ref_nll)
+
+
+@pytest.mark.parametrize("meta, divisors, says", [
+    ({}, np.linspace(1.0, 4.0, 8, dtype=np.float32), "rope_freqs.weight holds no Llama 3 RoPE scaling"),
+    ({"rope.scaling.type": "linear", "rope.scaling.factor": 2.0}, True, "both llama.rope.scaling keys and a rope_freqs"),
+])
+def test_a_rope_freqs_tensor_llama3_does_not_explain_is_one_line(tmp_path, capsys, meta, divisors, says):
+    hf = family_tiny.make("llama3", tmp_path / "hf", seed=45)
+    path = family_tiny.write_gguf(hf, tmp_path / "odd.gguf", "llama", "llama-bpe", meta, True, divisors)
+    capsys.readouterr()
+    assert main(["generate", "--model", str(path), "--prompt", "hi", "--device", "emulator"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("anelm: error: ") and says in err, err

@@ -13,7 +13,7 @@ from helpers import rel_err
 from anelm.cli.main import main
 from anelm.models.config import config_from_dict
 from anelm.models.loading import build_model, load_model
-from anelm.models.rope import RUNNABLE, ROPE_TYPES, rope_frequencies
+from anelm.models.rope import RUNNABLE, ROPE_TYPES, llama3_from_divisors, rope_frequencies
 
 HEAD_DIM, CONTEXT = 64, 2048
 LONG = {"short_factor": np.linspace(1.0, 2.0, HEAD_DIM // 2).tolist(),
@@ -114,3 +114,23 @@ def test_an_unsupported_rope_type_is_one_line_naming_the_supported(tmp_path, cap
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("anelm: error: "), err
     assert f"unsupported rope_type {named}: expected one of {', '.join(RUNNABLE)}" in err
+
+
+@pytest.mark.parametrize("theta, head_dim, factor, high, old", [
+    (500_000.0, 128, 8.0, 4.0, 8192),   # Llama 3.1 8B
+    (500_000.0, 64, 32.0, 4.0, 8192),   # Llama 3.2 1B
+    (500.0, 16, 4.0, 4.0, 16),          # the tiny test model: two pairs in the blend
+    (10_000.0, 64, 16.0, 2.0, 1024),
+])
+def test_llama3_parameters_come_back_from_llama_cpp_divisors(theta, head_dim, factor, high, old):
+    from family_tiny import rope_divisors
+
+    p = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": high,
+         "original_max_position_embeddings": old}
+    assert llama3_from_divisors(rope_divisors({**p, "rope_theta": theta}, head_dim), head_dim, theta) == p
+
+
+def test_divisors_that_are_not_llama3s_are_refused():
+    assert llama3_from_divisors(np.ones(8, np.float32), 16, 500.0) is None  # no scaling at all
+    assert llama3_from_divisors(np.linspace(1, 4, 8), 16, 500.0) is None  # no blend of Llama 3's shape
+    assert llama3_from_divisors(np.ones(4, np.float32), 16, 500.0) is None  # another head size
