@@ -34,6 +34,9 @@ SPECS = {
                dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=500.0,
                     rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16}, **LLAMA)),
+    # a window on every layer shorter than the tests' texts, GQA
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                dict(num_attention_heads=8, num_key_value_heads=2, sliding_window=8, rope_theta=1e4, **LLAMA)),
     # YaRN's attention factor (1.139 on cos and sin) and frequencies past its original context of 16
     "llama-yarn": ("LlamaConfig", "LlamaForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=1000.0,

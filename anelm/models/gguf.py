@@ -135,7 +135,7 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, Any], path: Path) 
     from .loading import architecture
     from .registry import model_type_of_gguf
 
-    model_type = model_type_of_gguf(arch)
+    model_type = model_type_of_gguf(arch, meta)
     module = architecture(model_type)
     # an architecture reads its own metadata where it differs from Llama's (GPT-2, Gemma 3)
     d = module.gguf_config(arch, get, path) if hasattr(module, "gguf_config") else llama_config(arch, get, path)

@@ -18,7 +18,7 @@ from functools import cache
 from types import MappingProxyType, ModuleType
 from typing import Mapping
 
-MODEL_TYPES = ("gpt2", "llama", "qwen3", "gemma3_text", "qwen2")
+MODEL_TYPES = ("gpt2", "llama", "qwen3", "gemma3_text", "qwen2", "mistral")
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,16 @@ def resolve(model_type: object) -> str | None:
 
 def gguf_architectures() -> tuple[str, ...]:
     """The GGUF `general.architecture` names anelm reads."""
-    return tuple(arch(t).gguf_arch for t in MODEL_TYPES)
+    return tuple(dict.fromkeys(arch(t).gguf_arch for t in MODEL_TYPES))
 
 
-def model_type_of_gguf(name: object) -> str | None:
-    """The model type of a GGUF `general.architecture` name, or None when anelm has none."""
-    return next((t for t in MODEL_TYPES if arch(t).gguf_arch == name), None)
+def model_type_of_gguf(name: object, meta: Mapping | None = None) -> str | None:
+    """The model type of a GGUF `general.architecture` name, or None when anelm has none. Where
+    architectures share a name (llama.cpp writes Mistral as `llama`), the one whose module's
+    `gguf_claims(meta)` holds, else the one that claims nothing."""
+    found = [t for t in MODEL_TYPES if arch(t).gguf_arch == name]
+    claimed = [t for t in found if meta is not None and getattr(module(t), "gguf_claims", lambda m: False)(meta)]
+    return next(iter(claimed or [t for t in found if not hasattr(module(t), "gguf_claims")]), None)
 
 
 class ByType(Mapping):

@@ -35,6 +35,7 @@ FAMILIES = {
     "qwen2": ("qwen2", "qwen2", "qwen2", {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
                                           "rope.scaling.original_context_length": 16}, False, False),
     "llama": ("llama3", "llama", "llama-bpe", {}, True, True),  # Llama 3.x: q/k permuted, rope_freqs
+    "mistral": ("mistral", "llama", "default", {"attention.sliding_window": 8}, True, False),
 }
 
 
@@ -153,3 +154,24 @@ def test_a_rope_freqs_tensor_llama3_does_not_explain_is_one_line(tmp_path, capsy
     assert main(["generate", "--model", str(path), "--prompt", "hi", "--device", "emulator"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("anelm: error: ") and says in err, err
+
+
+def test_mistral_keeps_a_ring_of_its_window_on_every_layer(tmp_path):
+    from anelm.models.config import config_from_dict
+
+    hf = family_tiny.make("mistral", tmp_path / "hf", seed=46)
+    config, weights, _ = load_model(tmp_path / "hf")
+    assert [config.window(i) for i in range(2)] == [8, 8]
+    runner = build_runner(config, weights, Emulator(NOBUDGET), max_context=SEQ)
+    assert runner.rings == (16, 16)  # the window of 8 in a ring of 16 columns (strict's multiple)
+    ids = np.random.default_rng(47).integers(3, 96, 50).tolist()
+    assert rel_err(runner.prefill(ids, runner.new_cache()), hf_tiny.hf_logits(hf, ids)) <= 3e-2  # §6
+    v02 = config_from_dict({**config.to_dict(), "sliding_window": None})  # v0.2 on: every key
+    assert v02.window(0) is None
+
+
+def test_a_llama_gguf_without_a_window_is_llama_as_llama_cpp_runs_it(tmp_path):
+    hf = family_tiny.make("mistral", tmp_path / "hf", seed=46)
+    path = family_tiny.write_gguf(hf, tmp_path / "m.gguf", "llama", "default", {}, True)
+    config, _, _ = load_model(path)
+    assert config.model_type == "llama" and config.window(0) is None
