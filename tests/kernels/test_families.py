@@ -8,6 +8,7 @@ import pytest
 
 from anelm.kernels.families import FAMILIES, GEMMA, GPT2, LLAMA, family_for
 from anelm.kernels.training import ROLES, Dims, kernel_roles
+from anelm.models import registry
 from anelm.models.config import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen3Config
 from anelm.models.names import FAMILY, PROJECTIONS, layer_prefix, random_layer
 
@@ -17,13 +18,17 @@ CONFIGS = {"gpt2": GPT2Config(n_embd=32, n_head=4, n_layer=2, n_positions=64),
            "qwen3": Qwen3Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                                 num_key_value_heads=2, head_dim=16),
            "gemma3_text": Gemma3TextConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                           num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=64)}
+                                           num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=64),
+           "qwen2": registry.module("qwen2").Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                                    num_attention_heads=4, num_key_value_heads=2),
+           "mistral": registry.module("mistral").Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8)}
 
 
 def test_every_model_type_has_its_family():
     assert set(CONFIGS) == set(FAMILY)
     assert family_for("gpt2") is GPT2 and family_for("llama") is LLAMA and family_for("qwen3") is LLAMA
-    assert family_for("gemma3_text") is GEMMA
+    assert family_for("gemma3_text") is GEMMA and family_for("qwen2") is LLAMA and family_for("mistral") is LLAMA
     assert set(FAMILIES) == set(FAMILY.values())
 
 
