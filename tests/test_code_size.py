@@ -40,7 +40,8 @@ MAX_MODULE_LINES = 400
 # + 116: Qwen2 / Qwen2.5 (issue 31: its module, GGUF YaRN keys, q/k/v and o biases in the training step).
 # + 39: Llama 3.x from GGUF (issue 31: llama.cpp's rope_freqs divisors back to HF's llama3 parameters).
 # + 77: Mistral (issue 31: its module; a `llama` GGUF claimed by the window key).
-MAX_PACKAGE_LINES = 28237
+# + 96: HF repo ids for --model (issue 31: the HF cache through huggingface_hub, offline too).
+MAX_PACKAGE_LINES = 28333
 
 
 def line_counts() -> dict[str, int]:

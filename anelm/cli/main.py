@@ -96,6 +96,7 @@ def _main(argv: list[str]) -> int:
         from ..caches import warn_if_unwritable
 
         warn_if_unwritable()
+        _from_hub(args)
         return int(args._run(args) or 0)
     except UsageError as e:
         return _fail(e, 2)
@@ -106,6 +107,22 @@ def _main(argv: list[str]) -> int:
         return 130
     except (OSError, ValueError, MemoryError) as e:
         return _fail(e, 1)
+
+
+def _from_hub(args: argparse.Namespace) -> None:
+    """A model named by its HF repo id (`owner/name`, `owner/name:FILE.gguf`: `--model`, and
+    `--init-from`) is its path in the HF cache from here on (`models/hub.py`), so every command
+    reads a local path; a served model keeps the repo id as its name."""
+    for attr in ("model", "init_from"):
+        spec = getattr(args, attr, None)
+        if isinstance(spec, str) and not Path(spec).exists():
+            from ..models.hub import resolve
+
+            local = resolve(spec)
+            if local is not None:
+                if getattr(args, "model_id", False) is None:
+                    args.model_id = spec
+                setattr(args, attr, str(local))
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]

@@ -1,5 +1,6 @@
 """`load_model(path)`: an HF folder, a RUN folder, one checkpoint file, a llama2.c `.bin` or a
-GGUF file (`gguf.py`, which carries its own tokenizer).
+GGUF file (`gguf.py`, which carries its own tokenizer); an HF repo id (`owner/name`, or
+`owner/name:FILE.gguf`) names a folder or file of the HF cache (`hub.py`).
 
 Every route ends the same way: the architecture's `sanitize` maps the checkpoint's keys and
 orientation to ours, and `check_weights` names any missing key or wrong shape. The model
@@ -49,7 +50,11 @@ def load_model(path: str | os.PathLike, tokenizer: str | os.PathLike | None = No
     """
     p = Path(path)
     if not p.exists():
-        raise LoadError(f"model not found: {p}: expected {KINDS}")
+        from .hub import resolve  # `owner/name` or `owner/name:FILE.gguf`: from the HF cache
+
+        p = resolve(path)
+        if p is None:
+            raise LoadError(f"model not found: {path}: expected {KINDS}, or an HF repo id")
     tok = None
     if p.is_file() and p.suffix == ".gguf":
         from .gguf import read_gguf
