@@ -37,6 +37,14 @@ SPECS = {
     # a window on every layer shorter than the tests' texts, GQA
     "mistral": ("MistralConfig", "MistralForCausalLM",
                 dict(num_attention_heads=8, num_key_value_heads=2, sliding_window=8, rope_theta=1e4, **LLAMA)),
+    # RoPE off on the fourth of four layers (NoPE), a tied head
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
+                dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=1e4, pad_token_id=0,
+                     **{**LLAMA, "num_hidden_layers": 4})),
+    # HF's sliding window on the NoPE layers (off in the released checkpoint)
+    "smollm3-window": ("SmolLM3Config", "SmolLM3ForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=1, no_rope_layer_interval=2, pad_token_id=0,
+                            use_sliding_window=True, sliding_window=8, tie_word_embeddings=False, **LLAMA)),
     # YaRN's attention factor (1.139 on cos and sin) and frequencies past its original context of 16
     "llama-yarn": ("LlamaConfig", "LlamaForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=1000.0,

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import llama
 from .config import Gemma3TextConfig
-from .layers import apply_rope, attention, gelu_tanh, layer_inv_freqs, per_distinct, rms_norm, rope_tables
+from .layers import apply_rope, attention, gelu_tanh, rms_norm
 from .registry import LLAMA_MODULES
 
 Config = Gemma3TextConfig
@@ -91,15 +91,10 @@ class Model(llama.Model):
     def __init__(self, config: Gemma3TextConfig, weights: dict[str, np.ndarray]):
         super().__init__(config, weights)
         c = config
-        self.inv_freqs = layer_inv_freqs(c)
         self.scales = [c.attention_factor(i) ** 2 / math.sqrt(c.query_pre_attn_scalar)
                        for i in range(c.num_hidden_layers)]
         # HF multiplies by the scale cast to the weights' dtype: √640 as a float32
         self.embed_scale = np.float32(math.sqrt(c.hidden_size))
-
-    def positions(self, pos: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each layer's (cos, sin), one table per distinct base, shared by its layers."""
-        return per_distinct(self.inv_freqs, lambda inv: rope_tables(pos, inv))
 
     def embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         return np.asarray(self.weights["model.embed_tokens.weight"][ids], np.float32) * self.embed_scale

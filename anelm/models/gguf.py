@@ -131,7 +131,7 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, Any], path: Path) 
         raise LoadError(f"{path}: GGUF tensor token_embd.weight is missing")
     vocab = int(np.prod(tensors["token_embd.weight"].shape) // get("embedding_length"))
     tied = "output.weight" not in tensors  # llama.cpp writes no output tensor for a tied head
-    ids = {k: meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos")}
+    ids = {k: meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "padding")}
     from .loading import architecture
     from .registry import model_type_of_gguf
 
@@ -140,7 +140,7 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, Any], path: Path) 
     # an architecture reads its own metadata where it differs from Llama's (GPT-2, Gemma 3)
     d = module.gguf_config(arch, get, path) if hasattr(module, "gguf_config") else llama_config(arch, get, path)
     d.update(model_type=model_type, vocab_size=vocab, tie_word_embeddings=tied,
-             bos_token_id=ids["bos"], eos_token_id=ids["eos"])
+             bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["padding"])
     if ROPE_FREQS in tensors and "rope_theta" in d:  # Llama 3's scaling: per-pair divisors, no keys
         d["rope_scaling"] = _llama3(_dequantize(tensors[ROPE_FREQS], path), d, arch, path)
     try:

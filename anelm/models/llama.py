@@ -14,7 +14,8 @@ from .base import CausalLM
 from .config import LlamaConfig
 from .llama2c import qk_interleaved_to_half
 from .registry import LLAMA_ENDS, LLAMA_MODULES, LLAMA_PROJECTIONS, Architecture
-from .layers import apply_rope, attention, linear, rms_norm, rope_inv_freq, rope_tables, silu, split_heads
+from .layers import (apply_rope, attention, layer_inv_freqs, linear, per_distinct, rms_norm, rope_tables, silu,
+                     split_heads)
 
 Config = LlamaConfig
 ARCH = Architecture("llama", family="llama", gguf_arch="llama", layer_prefix="model.layers.{}.",
@@ -73,14 +74,15 @@ class Model(CausalLM):
     def __init__(self, config: LlamaConfig, weights: dict[str, np.ndarray]):
         super().__init__(config, weights)
         c = config
-        self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
+        self.inv_freqs = layer_inv_freqs(c)  # one array per distinct RoPE (`config.rope(i)`)
         # scores scale by 1/√hd and by the square of RoPE's attention factor (YaRN's, `rope.py`)
         self.scales = [c.attention_factor(i) ** 2 / math.sqrt(c.head_dim) for i in range(c.num_hidden_layers)]
 
     expected_shapes = staticmethod(expected_shapes)
 
-    def positions(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return rope_tables(pos, self.inv_freq)  # computed once per call, shared by the layers
+    def positions(self, pos: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each layer's (cos, sin), computed once per call and distinct RoPE, shared by its layers."""
+        return per_distinct(self.inv_freqs, lambda inv: rope_tables(pos, inv))
 
     def embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         return self.weights["model.embed_tokens.weight"][ids]
@@ -97,9 +99,9 @@ class Model(CausalLM):
         v = split_heads(self.project(i, "self_attn.v_proj", h), c.num_key_value_heads)
         return q, k, v
 
-    def attend(self, i: int, h: np.ndarray, rope: tuple, cache) -> np.ndarray:
+    def attend(self, i: int, h: np.ndarray, rope: list, cache) -> np.ndarray:
         q, k, v = self.qkv(i, h)
-        cos, sin = rope
+        cos, sin = rope[i]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start = cache.length
         k_all, v_all = cache.store(i, k, v)
@@ -111,7 +113,7 @@ class Model(CausalLM):
         g = self.project(i, "mlp.gate_proj", h)
         return self.project(i, "mlp.down_proj", silu(g) * self.project(i, "mlp.up_proj", h))
 
-    def block(self, i: int, x: np.ndarray, rope: tuple, cache) -> np.ndarray:
+    def block(self, i: int, x: np.ndarray, rope: list, cache) -> np.ndarray:
         p, eps = f"model.layers.{i}.", self.config.rms_norm_eps
         x = x + self.attend(i, rms_norm(x, self.weights[p + "input_layernorm.weight"], eps), rope, cache)
         return x + self.mlp(i, rms_norm(x, self.weights[p + "post_attention_layernorm.weight"], eps))

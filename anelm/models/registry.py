@@ -18,7 +18,7 @@ from functools import cache
 from types import MappingProxyType, ModuleType
 from typing import Mapping
 
-MODEL_TYPES = ("gpt2", "llama", "qwen3", "gemma3_text", "qwen2", "mistral")
+MODEL_TYPES = ("gpt2", "llama", "qwen3", "gemma3_text", "qwen2", "mistral", "smollm3")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,11 @@ def _default(p: dict, dim: int, base: float, seq_len: int | None, max_pos: int |
     return F32(1.0) / _powers(base, dim), 1.0
 
 
+def _none(p: dict, dim: int, base: float, seq_len: int | None, max_pos: int | None):
+    """No rotation (SmolLM3's NoPE layers): every frequency 0, so cos 1 and sin 0."""
+    return np.zeros(dim // 2, F32), 1.0
+
+
 def _linear(p: dict, dim: int, base: float, seq_len: int | None, max_pos: int | None):
     """Positions divided by `factor` (the inverse frequencies, equivalently)."""
     return (F32(1.0) / _powers(base, dim)) / F32(p["factor"]), 1.0
@@ -107,6 +112,7 @@ Init = Callable[[dict, int, float, "int | None", "int | None"], tuple[np.ndarray
 # rope_type -> (the keys it requires besides rope_theta, its frequencies)
 ROPE_TYPES: dict[str, tuple[tuple[str, ...], Init]] = {
     "default": ((), _default),
+    "none": ((), _none),  # a layer's own, never a config's (NOPE)
     "linear": (("factor",), _linear),
     "dynamic": (("factor",), _dynamic),
     "yarn": (("factor", "original_max_position_embeddings"), _yarn),
@@ -114,6 +120,7 @@ ROPE_TYPES: dict[str, tuple[tuple[str, ...], Init]] = {
     "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), _llama3),
 }
 RUNNABLE = ("default", "linear", "dynamic", "yarn", "llama3")  # longrope: module doc
+NOPE = {"rope_type": "none"}  # the RoPE of a layer without it (`config.rope(i)`)
 WITH_ORIGINAL = ("llama3", "yarn", "longrope")  # original_max_position_embeddings defaults to the context
 
 

@@ -43,6 +43,7 @@ from ..kernels.families import family_for
 from ..kernels.attention import example_mask
 from ..kernels.training import WEIGHTLESS, Dims
 from ..models.config import LlamaConfig
+from ..models.layers import layer_inv_freqs, per_distinct, rope_full_width, rope_tables
 from ..models.names import has_head_norms, layer_prefix, model_weight, weight_name
 from ..runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
 from . import cpu_ops as ops
@@ -52,11 +53,6 @@ from .presets import hf_weight_shapes
 
 F32 = np.float32
 PIPELINES = ("dynamic", "static")
-
-
-def _rope(cfg, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin `[hd, B·S]` at each column's position, HF half-split (rows i, i+hd/2 equal)."""
-    return ops.rope_tables(cfg.head_dim, pos, cfg.rope_theta, cfg.rope_scaling)
 
 
 def _padded(a: np.ndarray, width: int) -> np.ndarray:
@@ -227,8 +223,16 @@ class DeviceTrainStep:
             (self._cos, self._sin), self._attn_masks = self._tables(pos.reshape(-1)), self._example_masks(pos)
 
     def _tables(self, pos: np.ndarray):
-        """What every layer needs about the positions `[B·S]`: RoPE's cos, sin tables."""
-        return _rope(self.cfg, pos)
+        """What the layers need about the positions `[B·S]`: each layer's RoPE cos, sin `[hd, B·S]`
+        (HF half-split, rows i and i + hd/2 equal), one pair per distinct RoPE (`config.rope(i)`)."""
+        def full(inv):
+            cos, sin = rope_tables(pos, inv)
+            return rope_full_width(cos), rope_full_width(sin)
+
+        return per_distinct(layer_inv_freqs(self.cfg), full), None
+
+    def _rope(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._cos[i]  # where `_begin` keeps `_tables`' first entry
 
     def _example_masks(self, pos: np.ndarray) -> dict | None:
         """A packed step's attention masks: window -> `[B, S_k, S_k]` at the kernels' width."""
@@ -334,8 +338,8 @@ class DeviceTrainStep:
             c["q0"], c["k0"] = q, k
             q, c["rq"] = ops.head_rmsnorm_fwd(q, self._w(i, "q_norm"), eps)
             k, c["rk"] = ops.head_rmsnorm_fwd(k, self._w(i, "k_norm"), eps)
-        c["qr"] = clamp(ops.rope_fwd(q, self._cos, self._sin))
-        c["kr"] = clamp(ops.rope_fwd(k, self._cos, self._sin))
+        cos, sin = self._rope(i)
+        c["qr"], c["kr"] = clamp(ops.rope_fwd(q, cos, sin)), clamp(ops.rope_fwd(k, cos, sin))
         c["attn"] = self._dev("sdpa_fwd", i, qr=c["qr"], kr=c["kr"], v=c["v"])["attn"]
         c["x2"] = x + self._bias(i, "o", self._dev("wo", i, attn=c["attn"])["o"])
         x2n, c["r2"] = ops.rmsnorm_fwd(c["x2"], self._w(i, "mlp_norm"), eps)
@@ -376,7 +380,8 @@ class DeviceTrainStep:
         self._bias_grad(grads, i, "o", dx2)
         dattn = self._dev("wo_dx", i, dx2=dx2)["dattn"]
         g = self._dev("sdpa_bwd", i, qr=c["qr"], kr=c["kr"], v=c["v"], dattn=dattn)
-        dq, dk = ops.rope_bwd(g["dq"], self._cos, self._sin), ops.rope_bwd(g["dk"], self._cos, self._sin)
+        cos, sin = self._rope(i)
+        dq, dk = ops.rope_bwd(g["dq"], cos, sin), ops.rope_bwd(g["dk"], cos, sin)
         if self.qk_norm:
             dq, grads[name("q_norm")] = ops.head_rmsnorm_bwd(
                 dq, c["q0"], self._w(i, "q_norm"), c["rq"])

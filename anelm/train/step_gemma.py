@@ -26,7 +26,6 @@ import numpy as np
 
 from ..errors import UsageError
 from ..models.config import Gemma3TextConfig
-from ..models.layers import layer_inv_freqs, per_distinct, rope_full_width, rope_tables
 from . import cpu_ops as ops
 from .step import DeviceTrainStep
 
@@ -45,17 +44,6 @@ class GemmaTrainStep(DeviceTrainStep):
             raise UsageError(f"the Gemma step needs a Gemma 3 config, got {type(config).__name__}")
         if config.attention_bias:
             raise UsageError("Gemma training supports bias-free layers; expected attention_bias false")
-
-    def _tables(self, pos: np.ndarray):
-        """Each layer's (cos, sin) `[hd, B·S]`, one pair per distinct RoPE base."""
-        def full(inv):
-            cos, sin = rope_tables(pos, inv)
-            return rope_full_width(cos), rope_full_width(sin)
-
-        return per_distinct(layer_inv_freqs(self.cfg), full), None
-
-    def _rope(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._cos[i]  # where `_begin` keeps `_tables`' first entry
 
     def _gain(self, i: int | None, role: str) -> np.ndarray:
         """A norm's gain as applied, 1 + w (the family's `gain_offset`; i None: the final norm)."""

@@ -36,6 +36,7 @@ FAMILIES = {
                                           "rope.scaling.original_context_length": 16}, False, False),
     "llama": ("llama3", "llama", "llama-bpe", {}, True, True),  # Llama 3.x: q/k permuted, rope_freqs
     "mistral": ("mistral", "llama", "default", {"attention.sliding_window": 8}, True, False),
+    "smollm3": ("smollm3", "smollm3", "llama-bpe", {}, True, False),  # NoPE on layer 4 (llama.cpp's constant)
 }
 
 

@@ -22,7 +22,9 @@ CONFIGS = {"gpt2": GPT2Config(n_embd=32, n_head=4, n_layer=2, n_positions=64),
            "qwen2": registry.module("qwen2").Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                                     num_attention_heads=4, num_key_value_heads=2),
            "mistral": registry.module("mistral").Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8)}
+                                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8),
+           "smollm3": registry.module("smollm3").Config(hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                                                        num_attention_heads=4, num_key_value_heads=2)}
 
 
 def test_every_model_type_has_its_family():

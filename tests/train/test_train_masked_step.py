@@ -7,8 +7,8 @@ of its counted targets, and divides by the count over all examples: the step on 
 batch must give that loss and every gradient (PEFT's adapter gradients for LoRA). Llama with
 GQA, Qwen3, GPT-2 (learned positions: the restart at 0 reaches the position table), Gemma 3
 (a sliding window shorter than an example: the window is on positions) and Qwen2 (q, k, v
-biases and their gradients, YaRN) and Mistral (a window on every layer) cover what the mask and
-the positions touch. Tolerances as CONTRACTS §6: gradients max|got − ref| / max|ref| ≤ 5e-2 and
+biases and their gradients, YaRN), Mistral (a window on every layer) and SmolLM3 (layers without
+RoPE, windowed) cover what the mask and the positions touch. Tolerances as CONTRACTS §6: gradients max|got − ref| / max|ref| ≤ 5e-2 and
 cosine ≥ 0.999, the loss 1e-2 relative.
 """
 
@@ -116,7 +116,8 @@ def ours(arch, config, grads):
     return arch.sanitize(grads, config)
 
 
-@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3-untied", "gpt2", "gemma3", "qwen2", "mistral"])
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3-untied", "gpt2", "gemma3", "qwen2", "mistral",
+                                  "smollm3-window"])
 def test_packed_masked_loss_and_gradients_match_each_example_alone(kind, tmp_path):
     hf, config, weights, arch = tiny(kind, tmp_path)
     hf.config._attn_implementation = "eager"
