@@ -76,3 +76,21 @@ def steps_logged(run: Path) -> int:
     from anelm.train.metrics import read_metrics
 
     return max((int(r.get("step", 0)) for r in read_metrics(run)), default=0)
+
+
+def byte_tokenizer(eos_id: int = 256):
+    """A byte-level tokenizer whose token id is the byte's value (0-255), EOS `eos_id`: characters
+    span tokens. The vocabulary is built in byte order, as GPT-2 maps bytes to characters, because
+    `ByteLevel.alphabet()` lists its characters in a different order in every process."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from anelm.models.tokenizer import HFTokenizer
+
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]  # bytes shown as themselves
+    shifted = iter(range(256, 512))
+    chars = [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
+    tok = Tokenizer(models.BPE({c: b for b, c in enumerate(chars)}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<eos>"])
+    return HFTokenizer(tok, eos_id=eos_id)

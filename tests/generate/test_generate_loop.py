@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from helpers import byte_tokenizer
 
 from anelm.generate.generate import TextStream, generate, generate_step
 from anelm.generate.runner import Runner
@@ -17,7 +17,7 @@ from anelm.models.base import init_weights
 from anelm.models.config import LlamaConfig
 from anelm.models.errors import ContextError, InputError
 from anelm.models.llama import Model, expected_shapes
-from anelm.models.tokenizer import HFTokenizer, load_tokenizer
+from anelm.models.tokenizer import load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 EOS = 256
@@ -54,13 +54,7 @@ class ScriptRunner:
 
 @pytest.fixture(scope="module")
 def bytes_tok():
-    """Byte-level tokenizer, one token per byte (ids 0-255), EOS 256: characters span tokens."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<eos>"])
-    return HFTokenizer(tok, eos_id=EOS)
+    return byte_tokenizer(EOS)
 
 
 def run(tok, text, **kw):

@@ -10,11 +10,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from helpers import byte_tokenizer
 
 from anelm.generate.generate import OPENAI_FINISH_REASONS, Delta, generate, log_softmax, stream_generate
 from anelm.generate.sampling import SamplingError, SamplingOptions, make_sampler
-from anelm.models.tokenizer import HFTokenizer
 
 EOS = 256
 TEXT = "héllo 😀 wörld, 日本語 END then more"
@@ -22,13 +21,7 @@ TEXT = "héllo 😀 wörld, 日本語 END then more"
 
 @pytest.fixture(scope="module")
 def tok():
-    """Byte-level tokenizer, one token per byte, EOS 256: characters span tokens."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    t = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    t.add_special_tokens(["<eos>"])
-    return HFTokenizer(t, eos_id=EOS)
+    return byte_tokenizer(EOS)
 
 
 class NoisyRunner:
