@@ -40,11 +40,18 @@ With `--gemma3` the model is Gemma 3 270M (Q4_K_M GGUF, vocabulary 262,144; `gem
 assembled into anelm's cache folder (`models/`) on first use; both modes take it:
 
     python benchmarks/bench_generate.py --gemma3 [--processes]
+
+`--serve`: a server's first token, per prompt of --lengths tokens of the text, each in a new
+process that loads as `anelm serve --max-context N` (`load_engine`) and builds every program
+(`DeviceRunner.warm`): cold (its first request), then warm (best of --repeat more):
+
+    python benchmarks/bench_generate.py --serve --model PATH [--max-context 512] [--lengths 37,300]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -66,6 +73,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--processes", action="store_true",
                    help="each round a new `anelm generate` process and a new HF process (figures as a user sees them)")
     p.add_argument("--hf-child", nargs=2, metavar=("MODEL", "IDS"), help=argparse.SUPPRESS)  # one HF round
+    p.add_argument("--serve", action="store_true", help="a server's first token (cold and warm) per --lengths")
+    p.add_argument("--max-context", type=int, default=512, help="--serve: the server's context (default 512)")
+    p.add_argument("--lengths", default="37,300", help="--serve: prompt lengths in tokens (default 37,300)")
+    p.add_argument("--serve-child", type=int, help=argparse.SUPPRESS)  # one --serve process
     return p.parse_args()
 
 
@@ -155,10 +166,15 @@ def rounds(sides: dict, repeat: int) -> dict[str, tuple[float, float]]:
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+def text_of(args, path: bool = False):
+    """The prompt text (--text, default ../shared/data/text/apache-2.0.txt), or its path."""
+    file = Path(args.text) if args.text else SHARED / "text" / "apache-2.0.txt"
+    return file if path else file.read_text(encoding="utf-8")
+
+
 def gpt2_tokenizer(folder: Path) -> None:
     """vocab.json + merges.txt for GPT-2's ids: the 256 byte symbols in code order, then one
     token per merge (GPT-2 numbers merge i's result 256 + i), then <|endoftext|>."""
-    import json
     import shutil
 
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -191,7 +207,6 @@ with open(sys.argv[1], "w") as f:
 def child(cmd: list[str]) -> tuple[dict, float, float]:
     """Run cmd in a new process: (its last stdout line as JSON, its peak RSS in MiB, its wall
     time from start to exit in s: imports, loading and everything a user waits for)."""
-    import json
     import subprocess
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
@@ -206,8 +221,6 @@ def child(cmd: list[str]) -> tuple[dict, float, float]:
 
 def hf_child(model: str, ids: str, tokens: int, threads: int) -> int:
     """One HF round in this process: load, generate greedily, print prefill_ms and the rate."""
-    import json
-
     import torch
     from transformers.generation.streamers import BaseStreamer
 
@@ -234,8 +247,6 @@ def hf_child(model: str, ids: str, tokens: int, threads: int) -> int:
 
 def processes(args) -> int:
     """The --processes benchmark (module doc)."""
-    import json
-
     from anelm.models.tokenizer import load_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="anelm-bench-") as tmp:
@@ -250,8 +261,7 @@ def processes(args) -> int:
             gpt2_tokenizer(Path(tmp))
             path, what = tmp, f"GPT-2 shape: {args.layers} layers, 768 wide, vocabulary 50257"
             tok = load_tokenizer(tmp)
-        text = Path(args.text) if args.text else SHARED / "text" / "apache-2.0.txt"
-        ids = tok.encode(text.read_text(encoding="utf-8"))[:args.prompt]
+        ids = tok.encode(text_of(args))[:args.prompt]
         prompt = tok.decode(ids)
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         os.environ.update(env)
@@ -284,6 +294,40 @@ def processes(args) -> int:
     return 0
 
 
+def serve_child(args) -> int:
+    """One --serve process: load and warm as `anelm serve`, then a --serve-child-token prompt's first token."""
+    from anelm.generate.engine import load_engine
+
+    t = time.perf_counter()
+    engine = load_engine(args.model, device="emulator", max_context=args.max_context, notice=lambda _: None)
+    r, load_s, t = engine.runner, time.perf_counter() - t, time.perf_counter()
+    built, warm_s, firsts = r.warm(), time.perf_counter() - t, []
+    ids = engine.tokenizer.encode(text_of(args))[:args.serve_child]
+    for _ in range(1 + args.repeat):
+        t = time.perf_counter()
+        next(iter(engine.stream(ids, engine.options(max_tokens=2, temperature=0.0))))
+        firsts.append((time.perf_counter() - t) * 1e3)
+    bucket = getattr(r, "prefill_bucket", r.plan.bucket)(len(ids))  # (a runner from before the prefill policy)
+    print(json.dumps({"tokens": len(ids), "load_s": load_s, "warm_s": warm_s, "programs": built, "bucket": bucket,
+                      "slots": getattr(r, "buckets", r.plan.prefill), "cold": firsts[0], "warm": min(firsts[1:])}))
+    return 0
+
+
+def serve(args) -> int:
+    """The --serve benchmark (module doc)."""
+    if not args.model:
+        raise SystemExit("--serve needs --model")
+    os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    print(f"{args.model}, --max-context {args.max_context}, emulator, {args.threads} thread(s): first token, ms")
+    for n in args.lengths.split(","):
+        g, _, _ = child([sys.executable, __file__, "--model", args.model, "--threads", str(args.threads), "--repeat",
+                         str(args.repeat), "--max-context", str(args.max_context), "--text", str(text_of(args, True)),
+                         "--serve-child", n])
+        print(f"  {g['tokens']} tokens: cold {g['cold']:.0f}, warm {g['warm']:.0f} (bucket {g['bucket']}, slots "
+              f"{g['slots']}; loaded in {g['load_s']:.1f} s, {g['programs']} programs ready in {g['warm_s']:.1f} s)")
+    return 0
+
+
 def _hf_version() -> str:
     import transformers
 
@@ -299,6 +343,10 @@ def main() -> int:
         from gemma3 import gemma3_gguf  # benchmarks/gemma3.py, beside this script
 
         args.model = str(gemma3_gguf())
+    if args.serve_child:
+        return serve_child(args)
+    if args.serve:
+        return serve(args)
     if args.processes:
         return processes(args)
     import numpy as np
@@ -314,8 +362,7 @@ def main() -> int:
         t = time.perf_counter()
         model = hf_real(args.model)
         load_hf = time.perf_counter() - t
-        text = Path(args.text) if args.text else Path(__file__).resolve().parents[2] / "shared" / "data" / "text" / "apache-2.0.txt"
-        prompt = tok.encode(text.read_text(encoding="utf-8"))[:args.prompt]
+        prompt = tok.encode(text_of(args))[:args.prompt]
         what = f"{args.model}: {runner.config.num_hidden_layers} layers, {runner.config.hidden_size} wide"
         if args.gemma3:
             what = f"Gemma 3 270M, {what}, vocabulary {runner.config.vocab_size}"

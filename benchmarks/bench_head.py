@@ -127,7 +127,7 @@ def per_token(fn, hs) -> float:
 
 def predicted(dev: DeviceHead, vocab: int, d: int, chip) -> dict:
     """The cost model's seconds per token on `chip`: the tiles, and the CPU head (fp32, fp16)."""
-    from anelm.bench.cost import KernelCost, eval_time
+    from anelm.chip.cost import KernelCost, eval_time
     from anelm.bench.step_model import IO_BYTES
 
     tiles = [KernelCost.of(a) for a in dev.artifacts]
@@ -145,7 +145,7 @@ def main() -> int:
         os.environ[var] = str(args.threads)  # before numpy loads
     import numpy as np
 
-    from anelm.bench.chips import get_chip
+    from anelm.chip.catalog import get_chip
     from anelm.chip.profile import STRICT
     from anelm.device.base import compile_count
     from anelm.device.emulator import Emulator

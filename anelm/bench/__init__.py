@@ -1,7 +1,7 @@
 """`anelm bench`: a cost model of the ANE and the CPU side, and benchmarks that measure beside it.
+The chips' constants and one program's time on a chip live below, in `anelm/chip/` (catalog.py,
+cost.py), where generation reads them too.
 
-    chips.py      per-chip constants and published figures (anelm/data/ane_chips.json)
-    cost.py       one evaluation of a compiled program -> time on a chip (roofline + dispatch)
     programs.py   the programs a benchmark, a training step or a decode runs, compiled on the host
     step_model.py predicted training step: device kernels + CPU side, overlapped as the trainer does
     gen_model.py  predicted prefill and decode

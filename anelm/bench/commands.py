@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from . import programs
-from .chips import chip_names, get_chip
-from .cost import eval_time
+from ..chip.catalog import chip_names, get_chip
+from ..chip.cost import eval_time
 from .gen_model import predict_generate
 from .reference import validate
 from .step_model import StepSpec, predict_step

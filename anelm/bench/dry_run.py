@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from .chips import chip_names, get_chip
+from ..chip.catalog import chip_names, get_chip
 from .step_model import StepSpec, predict_step
 
 

@@ -10,10 +10,9 @@ once, then the head for the last position.
 from __future__ import annotations
 
 from ..generate.device_plan import plan_sizes
-from .chips import Chip
-from .cost import eval_time
+from ..chip.catalog import Chip
+from ..chip.cost import eval_time, host_io_time
 from .programs import decode_program, orion_decode_programs, prefill_program
-from .step_model import IO_BYTES
 
 
 def _head_s(vocab: int, d: int, chip: Chip, weight_bytes: int = 2) -> float:
@@ -21,10 +20,6 @@ def _head_s(vocab: int, d: int, chip: Chip, weight_bytes: int = 2) -> float:
     of the head, `weight_bytes` a weight (ours holds it as fp16, `generate/pipeline.py`; Orion
     reads fp32). Measured against tiling it on the device (`benchmarks/bench_head.py`)."""
     return max(2 * vocab * d / chip.cpu_sgemm_flops, weight_bytes * vocab * d / chip.cpu_dram_bytes_per_s)
-
-
-def _io_s(k, chip: Chip) -> float:
-    return k.io_bytes / 2 * IO_BYTES / chip.cpu_vector_bytes_per_s  # fp16 elements, both sides
 
 
 def predict_generate(config, chip: Chip, prompt_tokens: int = 32, position: int = 128,
@@ -36,8 +31,8 @@ def predict_generate(config, chip: Chip, prompt_tokens: int = 32, position: int 
     dec, pre = decode_program(config, tier), prefill_program(config, bucket)
     head = _head_s(config.vocab_size, config.hidden_size, chip)
     t_dec = eval_time(dec, chip)
-    decode_s = layers * (t_dec.total_s + _io_s(dec, chip)) + head
-    prefill_s = layers * (eval_time(pre, chip).total_s + _io_s(pre, chip)) + head
+    decode_s = layers * (t_dec.total_s + host_io_time(dec, chip)) + head
+    prefill_s = layers * (eval_time(pre, chip).total_s + host_io_time(pre, chip)) + head
     return {"chip": chip.key, "prefill_bucket": bucket, "decode_tier": tier,
             "predicted_prefill_ms": prefill_s * 1e3, "predicted_decode_ms": decode_s * 1e3,
             "predicted_decode_tokens_per_s": 1.0 / decode_s,

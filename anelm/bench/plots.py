@@ -7,8 +7,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .chips import get_chip  # noqa: E402
-from .cost import attainable_flops, eval_time  # noqa: E402
+from ..chip.catalog import get_chip  # noqa: E402
+from ..chip.cost import attainable_flops, eval_time  # noqa: E402
 
 
 def sram_png(path: str, rows: list[dict], chips: list[str]) -> None:

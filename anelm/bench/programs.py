@@ -15,7 +15,7 @@ import numpy as np
 
 from ..compiler.pipeline import compile_graph
 from ..ir.builder import GraphBuilder
-from .cost import KernelCost
+from ..chip.cost import KernelCost
 
 _COMPILED: dict[tuple, tuple[KernelCost, object]] = {}
 

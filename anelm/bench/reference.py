@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..train.presets import get_preset
-from .chips import CPU_STREAM_BYTES_PER_ELEMENT, RMSNORM_BYTES_PER_ELEMENT, breakdowns, figures, get_chip, on_runtime
-from .cost import eval_time
+from ..chip.catalog import CPU_STREAM_BYTES_PER_ELEMENT, RMSNORM_BYTES_PER_ELEMENT, breakdowns, figures, get_chip, on_runtime
+from ..chip.cost import eval_time
 from .gen_model import predict_orion_decode
 from .programs import conv_chain, matmul, vector_op
 from .step_model import StepSpec, predict_step

@@ -30,11 +30,11 @@ from ..errors import UsageError
 from ..models.names import has_head_norms
 from ..train.cpu_ops import matmul_flops
 from . import orion
-from .chips import RMSNORM_BYTES_PER_ELEMENT, Chip
-from .cost import eval_time
+from ..chip.catalog import RMSNORM_BYTES_PER_ELEMENT, Chip
+from ..chip.cost import IO_BYTES, eval_time
 from .programs import maderix_kernels, maderix_v1_kernels, static_reference_kernels, train_kernels
 
-F32, IO_BYTES = 4, 6          # fp32 bytes; a host<->surface element: fp32 side + fp16 side
+F32 = 4                       # fp32 bytes
 RMS_FWD = 12                  # of RMSNORM_BYTES_PER_ELEMENT: the forward's share (read 2, write 1)
 ADAMW_BYTES = 28              # per parameter: read p, g, m, v; write p, m, v (fp32)
 ACCUMULATE_BYTES = 12         # per parameter and extra micro-step: read acc, g; write acc

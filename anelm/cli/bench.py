@@ -48,7 +48,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench import baseline
-    from ..bench.chips import chip_names, get_chip
+    from ..chip.catalog import chip_names, get_chip
     from ..bench.commands import BENCHMARKS, chips_table
     from ..errors import UsageError
 

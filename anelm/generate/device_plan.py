@@ -3,7 +3,8 @@
 Programs are compiled per layer (each layer's weights are consts baked into its program, so
 layers cannot share one), lazily, the first time a size is needed:
 
-    prefill buckets  P: a prompt of n tokens runs padded to the smallest bucket >= n
+    prefill buckets  P: a prompt of n tokens runs padded to a bucket >= n, or in a smaller
+                        bucket with the tokens past it decoded (`choose_bucket`)
     decode tiers     D: a token at position p reads a cache input of the smallest tier > p
 
 Both are I/O widths, so each is a multiple of the profile's `spatial_multiple_of` (16 in
@@ -22,7 +23,17 @@ from a short prompt to position ~100 compiles 12 × (1 + 2) = 36. Programs aned 
 (`compiledModelExists`) are loaded, not compiled, so a second run costs less. Deeper models get fewer sizes (`plan_sizes`: a ladder is thinned where
 neighbouring sizes are closest, and the largest of each always stays): Qwen3-0.6B (L = 28,
 context capped at 4096) gets P = 16, 1024 and D = 4096, 84 compiles at most (a margin of 31).
-SmolLM2-135M (L = 30) gets the same sizes, 90 compiles at most (a margin of 25). The kernels
+SmolLM2-135M (L = 30) gets the same sizes, 90 compiles at most (a margin of 25).
+
+|P| counts slots, not sizes: the largest bucket always holds one, and the others take a size of
+the ladder (16, 32, 64, ...) when a prompt first asks for it, so a one-shot generation's prompt
+runs in the size that fits it best (SmolLM2 on the emulator: 32 tokens in 32 columns, 108 ms, not
+128 columns, 400 ms), and a server's are chosen for every prompt length (`serving_buckets`).
+Once the slots are taken, a prompt much shorter than its bucket may run a smaller bucket and
+decode the rest: the predicted times decide (the chip's on the ANE, the emulator's own when it
+is the device: `evaluation_seconds`). SmolLM2 at a context of 512 on the emulator: a 37-token
+prompt in buckets (16, 512) takes 16 columns and 21 decode steps, ~0.5 s, not 512 columns,
+~2 s; predicted on an M4 the 512 bucket wins (87 ms against 4.8 + 21 × 6.8). The kernels
 that hold a real model's activations (kernels/norms.py, the scaled residual stream) keep one
 program per layer and size, so they cost no compiles; a design that split each layer into two
 programs would leave (115 − 8) // 60 = 1 size per layer kind, no decode tier besides prefill.
@@ -36,9 +47,11 @@ for all the rest of the token. The price is up to |D| − 1 extra compiles per l
 
 from __future__ import annotations
 
+import functools
+import itertools
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Collection
 
 import numpy as np
 
@@ -84,17 +97,22 @@ def thin(sizes: list[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class SizePlan:
-    prefill: tuple[int, ...]  # buckets, ascending
+    prefill: tuple[int, ...]  # buckets, ascending: one per prefill slot; the last, the largest, always
     decode: tuple[int, ...]  # cache tiers, ascending; the last holds the context
     layers: int
     context: int  # positions a cache holds (the last tier may be wider: a spatial multiple)
+    ladder: tuple[int, ...] = ()  # every size a prefill slot may hold (`choose_bucket`); () = prefill
 
     @property
     def max_compiles(self) -> int:
         return self.layers * (len(self.prefill) + len(self.decode))
 
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self.ladder or self.prefill
+
     def bucket(self, n: int) -> int:
-        """The prefill bucket for n tokens; n <= prefill[-1]."""
+        """The smallest of the plan's own buckets that holds n tokens; n <= prefill[-1]."""
         return next(b for b in self.prefill if b >= n)
 
     def tier(self, position: int) -> int:
@@ -109,7 +127,7 @@ def plan_sizes(layers: int, context: int, budget: int, multiple: int = 1) -> Siz
     if slots < 2:
         raise DeviceError(f"a {layers}-layer model needs at least {2 * layers} compiles (a prefill and a "
                           f"decode program per layer); the compile budget allows {max(budget - RESERVE, 0)}")
-    prefill = ladder(min(PREFILL_MIN, context), min(PREFILL_MAX, context))
+    prefill = every = ladder(min(PREFILL_MIN, context), min(PREFILL_MAX, context))
     decode = ladder(min(DECODE_MIN, context), context)
     while len(prefill) + len(decode) > slots:
         # Thin the longer ladder, prefill on ties (decode tiers set the cost of every token), but
@@ -119,7 +137,95 @@ def plan_sizes(layers: int, context: int, budget: int, multiple: int = 1) -> Siz
         else:
             prefill = thin(prefill)
     fit = lambda sizes: tuple(sorted({padded_width(n, multiple) for n in sizes}))  # noqa: E731
-    return SizePlan(fit(prefill), fit(decode), layers, context)
+    return SizePlan(fit(prefill), fit(decode), layers, context, fit(every))
+
+
+Seconds = Callable[[str, int], float]  # predicted seconds of one pass: ("prefill", bucket) or ("decode", tier)
+
+
+def decode_seconds(start: int, stop: int, plan: SizePlan, seconds: Seconds) -> float:
+    """Predicted seconds of the decode steps at positions start..stop-1, each at its tier."""
+    total, p = 0.0, start
+    for t in plan.decode:
+        if p < min(stop, t):
+            total, p = total + (min(stop, t) - p) * seconds("decode", t), min(stop, t)
+    return total
+
+
+def bucket_options(n: int, plan: SizePlan, bound: Collection[int]) -> list[int]:
+    """The buckets a prompt of n tokens may prefill with: the largest, those bound to a slot
+    so far, and while a slot is free every ladder size; of those that hold n, only the
+    smallest (the others are the same tokens in more columns)."""
+    sizes = set(bound) | {plan.prefill[-1]}
+    if len(sizes) < len(plan.prefill):
+        sizes |= set(plan.sizes)
+    fits = min((b for b in sizes if b >= n), default=None)
+    return sorted(b for b in sizes if b < n or b == fits)
+
+
+def choose_bucket(n: int, plan: SizePlan, bound: Collection[int], seconds: Seconds) -> int:
+    """The bucket a prompt of n tokens on an empty cache prefills with: of `bucket_options`,
+    the one whose pass plus the decode steps of the tokens past it (prefill programs start at
+    position 0) is predicted fastest; ties go to fewer decode steps, then the smaller bucket."""
+    def cost(b: int) -> float:
+        return seconds("prefill", b) + decode_seconds(min(n, b), n, plan, seconds)
+    return min(bucket_options(n, plan, bound), key=lambda b: (cost(b), -min(n, b), b))
+
+
+def serving_buckets(plan: SizePlan, bound: Collection[int], seconds: Seconds) -> tuple[int, ...]:
+    """Every prefill slot's bucket for a server (`DeviceRunner.warm` builds them all first):
+    those bound already and the largest, and in the free slots the ladder sizes that minimise
+    the predicted first-token time of `choose_bucket`'s choice, averaged over prompt lengths
+    1..context weighted 1/n (log-uniform: 10-20 tokens as likely as 100-200, the prior of a
+    server that knows nothing of its prompts). SmolLM2 (3 slots per layer) at a context of
+    512 gets buckets (64, 512) on the emulator, and (128, 512) predicted on an M4."""
+    fixed = sorted(set(bound) | {plan.prefill[-1]})
+    spare = [b for b in plan.sizes if b not in fixed]
+    free = min(len(plan.prefill) - len(fixed), len(spare))
+    if free <= 0:
+        return tuple(fixed)
+    n = np.arange(1, plan.context + 1)
+    steps = [seconds("decode", plan.tier(p)) for p in range(plan.context)]
+    done = np.concatenate([[0.0], np.cumsum(steps)])  # done[k]: decode steps at positions 0..k-1
+
+    def mean_first_token(buckets: list[int]) -> float:
+        best, below = np.full(len(n), np.inf), 0
+        for b in sorted(buckets):  # n > below: b is an option (it holds n and no smaller bucket does, or b < n)
+            cost = seconds("prefill", b) + done[n] - done[np.minimum(n, b)]
+            best = np.where(n > below, np.minimum(best, cost), best)
+            below = b
+        return float(best @ (1.0 / n) / np.sum(1.0 / n))
+    chosen = min(itertools.combinations(spare, free), key=lambda c: (mean_first_token(fixed + list(c)), c))
+    return tuple(sorted(fixed + list(chosen)))
+
+
+def evaluation_seconds(artifact: Any, device: str, fraction: float = 1.0) -> float:
+    """Predicted seconds of one evaluation of a compiled program, from its cost annotation:
+    when the emulator is the device, the emulator's own time (`device.emulator_cost`, fitted to
+    what it measures; `fraction`: the share of its columns it evaluates); on the ANE the chip's
+    (`chip.cost.eval_time` on this machine's chip, M4 elsewhere, plus the host's surface I/O).
+    0 for a program without an annotation."""
+    cost = (getattr(artifact, "meta", None) or {}).get("cost")
+    if not cost:
+        return 0.0
+    if device == "emulator":
+        from ..device.emulator_cost import emulated_seconds
+
+        return emulated_seconds(cost, fraction)
+    from ..chip.cost import KernelCost, eval_time, host_io_time
+
+    k, chip = KernelCost.of(artifact), machine_chip()
+    return eval_time(k, chip).total_s + host_io_time(k, chip)
+
+
+@functools.lru_cache(maxsize=1)
+def machine_chip() -> Any:
+    """This Mac's chip in the cost model's table (`anelm bench --chips`), else its default (M4)."""
+    from ..chip.catalog import chip_names, get_chip
+    from ..device.machine import collect
+
+    family = (collect().family or "").lower()
+    return get_chip(family if family in chip_names() else None)
 
 
 class DeviceCache:

@@ -40,9 +40,12 @@ A program an earlier process built is found in the program store (`program_store
 recipe and the layer's weight digests, before anything is built: no graph, passes, codegen or
 content-key hash, and its plan comes from the emulator's kernel store (loaded, not compiled).
 
-A prompt that continues a non-empty cache (a chat turn) and the part of a prompt beyond the
-largest bucket run through the decode programs, one token at a time: prefill programs start at
-position 0, which is what lets one program serve every prompt of its bucket.
+A prompt that continues a non-empty cache (a chat turn) runs through the decode programs, one
+token at a time: prefill programs start at position 0, which is what lets one program serve
+every prompt of its bucket. A first prompt runs a bucket, and its tokens past the bucket are
+decoded: whichever bucket is predicted fastest so (`prefill_bucket`), which for a prompt much
+shorter than its bucket may be a smaller one. Predicted by the chip's cost model on the ANE (a
+big bucket is cheap there), by the emulator's own measured rates when it is the device.
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ from ..models.layers import layer_inv_freqs, rope_tables
 from ..models.loading import build_model
 from ..models.names import layer_prefix, layer_weights, target_roles
 from ..runtime.kernel import Kernel
-from .device_plan import MAX_CONTEXT, DeviceCache, plan_sizes, ring_size
+from .device_plan import (MAX_CONTEXT, DeviceCache, choose_bucket, evaluation_seconds, plan_sizes, ring_size,
+                          serving_buckets)
 from .program_store import LayerBlobs, digest, find_or_build, program_store, recipe_key
 
 
@@ -144,6 +148,9 @@ class DeviceRunner:
         # each layer's RoPE frequencies (Gemma's local and global layers differ), shared per base
         self.inv_freqs: list[np.ndarray | None] = layer_inv_freqs(config) if self.rope else [None] * n
         self.kernels: dict[tuple[str, int, int], Kernel] = {}  # (kind, layer, size), compiled on first use
+        self.buckets: list[int] = []  # the prefill sizes bound to the plan's slots so far (`prefill_bucket`)
+        self._seconds: dict[tuple[str, int], float] = {}  # predicted seconds of one pass, by (kind, size)
+        self._arts: dict[tuple[str, int, int], Any] = {}  # programs fetched for their cost, kept for `_kernel`
         self._recipe: tuple | None = None  # (lora slots, the recipe parts every layer shares)
         self._rope_digests: dict[int, str] = {}  # id of an inv_freq array -> its recipe part
         self.quantized = quant is not None
@@ -157,8 +164,11 @@ class DeviceRunner:
     def warm(self, on_program=None) -> int:
         """Build (or load from the program store) every program of every size now, so that no
         later prompt waits for a compile (`anelm serve`); the plan fits them in the compile
-        budget. `on_program()` is called after each. Returns how many there are."""
-        sizes = [("prefill", b) for b in self.plan.prefill] + [("decode", t) for t in self.plan.decode]
+        budget. The free prefill slots get the buckets that serve prompts of every length best
+        (`device_plan.serving_buckets`). `on_program()` is called after each. Returns how many
+        there are."""
+        self.buckets = list(serving_buckets(self.plan, self.buckets, self.pass_seconds))
+        sizes = [("prefill", b) for b in self.buckets] + [("decode", t) for t in self.plan.decode]
         for kind, size in sizes:
             for i in range(self.config.num_hidden_layers):
                 self._kernel(kind, i, size)
@@ -176,8 +186,9 @@ class DeviceRunner:
         ids = self.cpu._check_ids(ids, cache)  # the CPU model's checks: vocabulary and context
         hidden, start = [], 0
         if cache.length == 0:
-            start = min(len(ids), self.plan.prefill[-1])
-            hidden.append(self._prefill_hidden(ids[:start], cache))
+            bucket = self.prefill_bucket(len(ids))
+            start = min(len(ids), bucket)
+            hidden.append(self._prefill_hidden(ids[:start], cache, bucket))
         hidden += [self._decode_hidden(int(t), cache) for t in ids[start:]]
         h = np.concatenate(hidden)  # [T, D]
         return self._logits(h[-1:] if last_only else h)
@@ -186,6 +197,33 @@ class DeviceRunner:
         """One token at position cache.length; logits [V]."""
         self.cpu._check_ids([token], cache)
         return self._logits(self._decode_hidden(int(token), cache))[0]
+
+    def prefill_bucket(self, n: int) -> int:
+        """The bucket a prompt of n tokens on an empty cache prefills with; its tokens past the
+        bucket are decoded (`device_plan.choose_bucket`, by the device's predicted times). A
+        size not bound yet takes a free prefill slot: the compile budget is never exceeded."""
+        bucket = choose_bucket(n, self.plan, self.buckets, self.pass_seconds)
+        if bucket not in self.buckets:
+            self.buckets.append(bucket)
+        return bucket
+
+    def pass_seconds(self, kind: str, size: int) -> float:
+        """Predicted seconds of one pass over every layer of a prefill bucket or decode tier,
+        from the programs' cost annotations (`device_plan.evaluation_seconds`: the emulator's
+        own time when it is the device, else the chip's); a ring layer's decode reads its ring."""
+        if (kind, size) not in self._seconds:
+            widths = [size if kind == "prefill" else min(size, r or size) for r in self.rings]
+            each = {w: self._evaluation_seconds(kind, widths.index(w), w) for w in set(widths)}
+            self._seconds[(kind, size)] = sum(each[w] for w in widths)
+        return self._seconds[(kind, size)]
+
+    def _evaluation_seconds(self, kind: str, i: int, size: int) -> float:
+        key = (kind, i, size)
+        if key in self.kernels:
+            art = self.kernels[key].artifact
+        else:  # its program, built or found now, is the one `_kernel` compiles if it is chosen
+            art = self._arts[key] = self._arts.get(key) or self._program(kind, i, size)
+        return evaluation_seconds(art, self.device, 1 / self.columns if kind == "decode" else 1.0)
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
         """Hidden states [T, D] -> logits [T, V]: the CPU model's final norm, the fp16 head."""
@@ -234,6 +272,7 @@ class DeviceRunner:
         self.lora_slots = plan_slots(self.config, rank, roles, self.dev.profile.spatial_multiple_of)
         self.lora_inputs = [{n: np.zeros(sh, np.float32) for sl in self.lora_slots
                              for n, sh in sl.input_shapes().items()} for _ in self.shapes]
+        self._arts.clear(), self._seconds.clear()  # programs (and their costs) of the old slots
 
     def close(self) -> None:
         """Release every kernel (the programs stay in the process-wide cache until evicted)."""
@@ -242,10 +281,9 @@ class DeviceRunner:
         self.kernels.clear()
 
     # --- the device passes ------------------------------------------------------------------
-    def _prefill_hidden(self, ids: np.ndarray, cache: DeviceCache) -> np.ndarray:
-        """Positions 0..n-1 through every layer's bucket program; fills the cache; [n, D]."""
+    def _prefill_hidden(self, ids: np.ndarray, cache: DeviceCache, seq: int) -> np.ndarray:
+        """Positions 0..n-1 through every layer's program of bucket `seq`; fills the cache; [n, D]."""
         n, d = len(ids), self.config.hidden_size
-        seq = self.plan.bucket(n)
         cache.reserve(self.plan.tier(n - 1))  # room for n positions, in the tier decode reads next
         x = np.zeros((1, d, 1, seq), np.float32)
         x[0, :, 0, :n] = self.cpu.embed(ids, np.arange(n)).T / self.stream_scale  # [n, D] -> [D, n]
@@ -303,7 +341,7 @@ class DeviceRunner:
         a program stored by an earlier process (`program_store`) is not even built."""
         key = (kind, i, size)
         if key not in self.kernels:
-            art = self._program(kind, i, size)
+            art = self._arts.pop(key, None) or self._program(kind, i, size)
             # inputs and outputs are declared in alphabetical order: MIL names are ours
             assert not art.meta["aliases"], f"{art.meta['name']}: surfaces were renamed {art.meta['aliases']}"
             # decode reads column 0 alone: the emulator then evaluates that column only

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from anelm.bench.chips import get_chip
-from anelm.bench.cost import KernelCost, eval_time
+from anelm.chip.catalog import get_chip
+from anelm.chip.cost import KernelCost, eval_time
 from anelm.compiler.pipeline import compile_graph
 from anelm.ir.builder import GraphBuilder
 

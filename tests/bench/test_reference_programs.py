@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 
 from anelm.bench import maderix_static, orion
-from anelm.bench.chips import Chip, get_chip, on_runtime
-from anelm.bench.cost import KernelCost
+from anelm.chip.catalog import Chip, get_chip, on_runtime
+from anelm.chip.cost import KernelCost
 from anelm.bench.gen_model import predict_orion_decode
 from anelm.bench.maderix import IN_MEMORY
 from anelm.bench.reference import REFERENCES, predict_reference

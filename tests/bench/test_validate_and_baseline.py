@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from anelm.bench import baseline, chips
+from anelm.bench import baseline
+from anelm.chip import catalog as chips
 
 
 def _anelm(*args, **kw):

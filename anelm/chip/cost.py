@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .chips import Chip
+from .catalog import Chip
+
+IO_BYTES = 6  # a host<->surface element as the host moves it: its fp32 side and its fp16 side
 
 
 @dataclass(frozen=True)
@@ -113,3 +115,9 @@ def attainable_flops(intensity: float, chip: Chip, unit: str = "matmul") -> floa
     """The roofline: FLOP/s reachable at `intensity` FLOPs per DRAM byte (no dispatch)."""
     peak = {"conv": chip.conv_fp16_flops, "int8": chip.int8_ops}.get(unit, chip.matmul_flops * chip.spill_slowdown)
     return min(peak, intensity * chip.ane_bytes_per_s)
+
+
+def host_io_time(k: KernelCost, chip: Chip) -> float:
+    """The host's side of one evaluation's surfaces: every fp16 element converted from or to
+    fp32 at the CPU's streaming rate."""
+    return k.io_bytes / 2 * IO_BYTES / chip.cpu_vector_bytes_per_s
