@@ -237,6 +237,26 @@ class GraphBuilder:
                "zero_point": self._operand_typed(zero_point, "int8", f"{n}_zero_point")}
         return self.op("constexpr_affine_dequantize", ins, {"axis": int(axis)}, name=n)
 
+    def constexpr_blockwise_shift_scale(self, data, data_dtype: str, scale, offset=None, name=None) -> Value:
+        """A weight stored as `data_dtype` (int4/uint4 packed, or int8/uint8) in a BLOBFILE with
+        per-block fp16 scales (and offsets: `data_dtype` integers, or fp16), made dense when the
+        program is compiled (iOS 18; ops_quant). `data_dtype` is int4, uint4 or int8: the graph
+        holds the values in an int8 array (0..15 fit) and the const's type says how they are stored."""
+        if data_dtype not in ("int4", "uint4", "int8"):
+            raise ShapeError(f"blockwise data dtype {data_dtype!r}; expected int4, uint4 or int8")
+        n = self.graph.peek_name(name or "blockwise")
+        d = self.const(np.asarray(data).astype(np.int8), name=f"{n}_data", blob=True)
+        d.type = TensorType(data_dtype, d.type.shape)
+        ins = {"data": d, "scale": self.weight(f"{n}_scale", scale)}
+        if offset is not None:
+            off = np.asarray(offset)
+            if off.dtype.kind == "f":
+                ins["offset"] = self.weight(f"{n}_offset", off)
+            else:
+                ins["offset"] = self.const(off.astype(np.int8), name=f"{n}_offset", blob=True)
+                ins["offset"].type = TensorType(data_dtype, ins["offset"].type.shape)
+        return self.op("constexpr_blockwise_shift_scale", ins, {}, name=n)
+
     def _operand_typed(self, v, dtype: str, name: str) -> Value:
         if isinstance(v, Value):
             return v

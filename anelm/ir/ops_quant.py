@@ -1,4 +1,5 @@
-"""Affine quantization: quantize, dequantize, constexpr_affine_dequantize (iOS16-18 specs).
+"""Affine quantization: quantize, dequantize, constexpr_affine_dequantize (iOS16-18 specs), and
+iOS 18's blockwise constexpr_blockwise_shift_scale (int4/uint4 weights, per-block scales).
 
 quantize:   q = clip(round(x / scale) + zero_point) in the int8/uint8 range
 dequantize: x = scale * (q - zero_point)
@@ -93,3 +94,58 @@ define("dequantize", ("input", "scale", "zero_point"), _infer_dequant("input"), 
 define("constexpr_affine_dequantize", ("quantized_data", "scale", "zero_point"),
        _infer_dequant("quantized_data"), _dequant("quantized_data"),
        params={"axis": REQUIRED}, in_attrs=True, const_inputs=("quantized_data", "scale", "zero_point"))
+
+
+# --------------------------------------------------------------------------- iOS 18 blockwise
+# constexpr_blockwise_shift_scale (coremltools' iOS18 `compression.py`): output = scale · (data −
+# offset), scale and offset repeated over blocks of data.shape[i] / scale.shape[i] along each axis.
+BLOCK_DATA = ("int4", "uint4", "int8", "uint8", "fp16", "fp32")
+
+
+def _infer_blockwise(t, p):
+    data, scale, offset = t["data"], t["scale"], t.get("offset")
+    if data.dtype not in BLOCK_DATA:
+        bad(f"data of dtype among {list(BLOCK_DATA)}", data.dtype)
+    if scale.dtype not in FLOATS:
+        bad("scale of dtype fp16 or fp32", scale.dtype)
+    ds, ss = tuple(data.shape or ()), tuple(scale.shape or ())
+    if not ds or len(ds) != len(ss) or any(s < 1 or d % s for d, s in zip(ds, ss)):
+        bad(f"scale of data's rank {len(ds)} whose every dim divides data's {list(ds)}", list(ss))
+    if offset is not None:
+        if tuple(offset.shape or ()) != ss:
+            bad(f"offset of scale's shape {list(ss)}", list(offset.shape or ()))
+        if offset.dtype not in FLOATS and offset.dtype != data.dtype:
+            bad(f"offset of dtype fp16, fp32 or data's {data.dtype}", offset.dtype)
+    return [TensorType(scale.dtype, ds)]
+
+
+def _in_fp16(a: np.ndarray) -> np.ndarray:
+    """A float operand in the arithmetic the chip's fp16 consts get: the emulator hands its
+    consts over as float32 arrays of fp16 values, which coremltools' definition would compute in
+    fp16 (float16 scale: `data.astype(scale.dtype)`); values that are not all fp16 stay float32."""
+    a = np.asarray(a)
+    if a.dtype == np.float32 and np.array_equal(a.astype(np.float16).astype(np.float32), a, equal_nan=True):
+        return a.astype(np.float16)
+    return a
+
+
+def blockwise_dense(data: np.ndarray, scale: np.ndarray, offset: np.ndarray | None) -> np.ndarray:
+    """coremltools' `constexpr_blockwise_shift_scale.decompress`, step for step, so that the
+    roundings are numpy's own: data cast to the scale's dtype, scale and offset repeated per
+    block along each axis, then (data − offset) and the product, each in that dtype (fp16:
+    each rounded to fp16, the subtraction exact when the offset is an integer)."""
+    scale = _in_fp16(scale)
+    offset = None if offset is None else (_in_fp16(offset) if np.asarray(offset).dtype.kind == "f" else offset)
+    data = np.asarray(data).astype(scale.dtype)
+    for axis, (d, s) in enumerate(zip(data.shape, scale.shape)):
+        if d // s > 1:
+            scale = np.repeat(scale, d // s, axis)
+            offset = None if offset is None else np.repeat(offset, d // s, axis)
+    if offset is not None:
+        data = data - offset
+    return scale * data
+
+
+define("constexpr_blockwise_shift_scale", ("data", "scale", "offset"), _infer_blockwise,
+       lambda x, p: [blockwise_dense(x["data"], x["scale"], x.get("offset"))],
+       in_attrs=True, optional=("offset",), const_inputs=("data", "scale", "offset"))

@@ -79,6 +79,9 @@ class TensorType:
 
     @property
     def nbytes(self) -> int:
+        """Bytes as stored: sub-byte dtypes packed (a BLOBFILE's payload size)."""
+        if self.dtype in SUBBYTE_BITS:
+            return -(-self.numel * SUBBYTE_BITS[self.dtype] // 8)
         return self.numel * ITEMSIZE[self.dtype]
 
 
