@@ -42,7 +42,7 @@ import numpy as np
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
 from ..mil.blob import blob_backed
-from ..models.quantized import InputQuant, QuantPlan, quantize_rows
+from ..models.quantized import BlockQuant, InputQuant, QuantPlan, quantize_rows
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,8 @@ def unfolded_params(shape, layer: dict[str, np.ndarray]) -> tuple[dict, dict[str
 def plan_layer(plan: QuantPlan, i: int, shape, layer: dict[str, np.ndarray]) -> dict:
     """Layer i's kernel params (`layer_params` form, HF names inside the layer in `layer`)
     with its linears as QLinear and the norm gains on their inputs."""
+    if plan.scheme == "w4":
+        return plan_layer_w4(plan, i, shape, layer)
     f, inputs, per = shape.family, plan.layer(i), {}
     for key, roles in f.slot_roles.items():  # kernel linear -> the HF linears in its rows (q, k, v)
         parts = [inputs[f.modules[r]] for r in roles]
@@ -121,7 +123,42 @@ def plan_layer(plan: QuantPlan, i: int, shape, layer: dict[str, np.ndarray]) -> 
     return kernel_layer(p, per, gains)
 
 
+def plan_layer_w4(plan: QuantPlan, i: int, shape, layer: dict[str, np.ndarray]) -> dict:
+    """W4: layer i's kernel params with each linear held as the folder's 4-bit blocks (q, k and
+    v stacked), the norm gains on the inputs as for int8 (`unfolded_params`). The folds that
+    scale whole rows (q's attention scale, the stream scale of o and down) go into the blocks'
+    scales: `layer_params` made W = diag(f)·W_hf, and f is read off the two (`row_factors`);
+    the data and offsets are the folder's own, bit for bit."""
+    f, blocks = shape.family, plan.layer_blocks(i)
+    p, gains = unfolded_params(shape, layer)
+    out = dict(p)
+    for key, roles in f.slot_roles.items():
+        bq = BlockQuant.stack([blocks[f.modules[r]] for r in roles])
+        w, bias = p[key]
+        scaled = bq.rows_scaled(row_factors(np.asarray(w, np.float32), bq.dense(), key))
+        out[key] = (QLinear(scaled, scaled.scale, in_gain=gains.get(key)), bias)
+    return out
+
+
+def row_factors(folded: np.ndarray, plain: np.ndarray, key: str) -> np.ndarray:
+    """f with folded ≈ diag(f)·plain, from each row's largest element (zero rows: 1). Checked:
+    a fold that is not a row scaling (a column one left in) is a bug, not a rounding."""
+    j = np.abs(plain).argmax(axis=1)
+    rows = np.arange(plain.shape[0])
+    top = plain[rows, j].astype(np.float64)
+    fac = np.where(top != 0, folded[rows, j] / np.where(top != 0, top, 1.0), 1.0)
+    if not np.allclose(folded, plain * fac[:, None], rtol=1e-5, atol=1e-30):
+        raise AssertionError(f"W4 linear {key}: the kernel's folds are not a scaling of whole rows")
+    return fac
+
+
 def int8_weight(b: GraphBuilder, ql: QLinear, name: str) -> Value:
+    if isinstance(ql.q, BlockQuant):  # W4: the 4-bit blocks made dense when the program is compiled
+        bq, shape = ql.q, (*ql.q.shape, 1, 1)
+        nb = (bq.shape[0], bq.scale.shape[1], 1, 1)
+        off = bq.offset.reshape(nb)
+        return b.constexpr_blockwise_shift_scale(bq.data.reshape(shape), "uint4", bq.scale.reshape(nb), off,
+                                                 name=f"{name}_w4")
     q = ql.q.reshape(*ql.q.shape, 1, 1)  # [out, in] -> [out, in, 1, 1], the 1x1 conv weight
     return b.constexpr_affine_dequantize(q, (ql.scale * np.float32(ql.shift)).astype(np.float16),
                                          0, axis=0, name=f"{name}_w8")

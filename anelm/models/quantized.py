@@ -1,10 +1,13 @@
-"""INT8 weights as stored (CONTRACTS §10): the row quantization, the HF names of each model
-type's int8 linears, and the quantized folder `anelm quantize` writes, read back here.
+"""Quantized weights as stored (CONTRACTS §10): the int8 row quantization, W4's 4-bit blocks
+(below `BlockQuant`), the HF names of each model type's quantized linears, and the quantized
+folder `anelm quantize` writes, read back here.
 
     DIR/config.json                the source config + "quantization_config": {"quant_method":
-                                   "anelm", "scheme": "w8"|"w8a8", "bits": 8, ...}
+                                   "anelm", "scheme": "w8"|"w8a8", "bits": 8, ...}, or for W4
+                                   {"scheme": "w4", "bits": 4, "block_size": B, ...}
     DIR/tokenizer.json ...         the source's tokenizer
-    DIR/model.safetensors          per linear P (HF name: model.layers.0.self_attn.q_proj,
+    DIR/model.safetensors          W4: the layout above `BlockQuant`; W8/W8A8,
+                                   per linear P (HF name: model.layers.0.self_attn.q_proj,
                                    transformer.h.0.attn.c_attn):
         P.weight            I8  [out, in]  symmetric per row, zero point 0
         P.weight_scale      F32 [out]      the weight is P.weight · P.weight_scale[:, None]
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +46,7 @@ from .errors import InputError
 from .names import FAMILY, PROJECTIONS, layer_prefix, module_name
 
 METHOD = "anelm"
-SCHEMES = ("w8", "w8a8")
+SCHEMES = ("w8", "w8a8", "w4")
 QMAX = 127  # symmetric: -128 is never used, so negating a row never overflows
 
 SUPPORTED = tuple(FAMILY)
@@ -125,12 +128,20 @@ class QuantPlan:
     scheme: str
     inputs: dict[str, InputQuant]  # HF linear name -> its input's decisions
     model_type: str  # whose layer prefix the names carry
+    blocks: dict[str, "BlockQuant"] = field(default_factory=dict)  # W4: HF linear name -> its 4-bit blocks
 
     def layer(self, i: int) -> dict[str, InputQuant]:
         """Layer i's decisions by the module names inside the layer (`self_attn.q_proj`), as the
         kernels, which know a layer's parts by role and not the model type's prefix, look them up."""
+        return self._in_layer(self.inputs, i)
+
+    def layer_blocks(self, i: int) -> dict[str, "BlockQuant"]:
+        """W4: layer i's 4-bit blocks by the module names inside the layer."""
+        return self._in_layer(self.blocks, i)
+
+    def _in_layer(self, d: dict, i: int) -> dict:
         pre = layer_prefix(self.model_type, i)
-        return {k[len(pre):]: v for k, v in self.inputs.items() if k.startswith(pre)}
+        return {k[len(pre):]: v for k, v in d.items() if k.startswith(pre)}
 
 
 def pack(config, weights: dict[str, np.ndarray], qs: dict, plan: QuantPlan) -> dict[str, np.ndarray]:
@@ -152,6 +163,9 @@ def pack(config, weights: dict[str, np.ndarray], qs: dict, plan: QuantPlan) -> d
 
 def unpack(raw: dict[str, np.ndarray], config, scheme: str, source: str) -> tuple[dict, QuantPlan]:
     """model.safetensors' tensors -> (float32 weights as an HF checkpoint holds them, QuantPlan)."""
+    if scheme == "w4":
+        out, plan = unpack_w4(raw, config, source)
+        return _as_checkpoint(out, config), plan
     out = {k: v for k, v in raw.items() if not k.endswith((".weight_scale", ".input_shift", ".input_scale",
                                                          ".outlier_channels", ".outlier_weight"))}
     inputs = {}
@@ -172,11 +186,15 @@ def unpack(raw: dict[str, np.ndarray], config, scheme: str, source: str) -> tupl
                                   None if act is None else float(act), keep)
     if scheme == "w8a8" and any(iq.act_scale is None for iq in inputs.values()):
         raise InputError(f"{source}: scheme w8a8 but some linears have no input_scale")
+    return _as_checkpoint(out, config), QuantPlan(scheme, inputs, config.model_type)
+
+
+def _as_checkpoint(out: dict, config) -> dict:
+    """The folder holds every linear [out, in], ours; the reader sanitizes from the checkpoint's
+    orientation (GPT-2's Conv1D [in, out]), as for any HF folder."""
     from .loading import architecture  # noqa: PLC0415 - loading reads folders through here
 
-    # the folder holds every linear [out, in], ours; the reader sanitizes from the checkpoint's
-    # orientation (GPT-2's Conv1D [in, out]), as for any HF folder
-    return architecture(config.model_type).unsanitize(out, config), QuantPlan(scheme, inputs, config.model_type)
+    return architecture(config.model_type).unsanitize(out, config)
 
 
 def scheme_of(qc: dict, source: str) -> str:
@@ -184,3 +202,138 @@ def scheme_of(qc: dict, source: str) -> str:
     if scheme not in SCHEMES:
         raise InputError(f"{source}: quantization_config scheme {scheme!r}; expected one of {list(SCHEMES)}")
     return scheme
+
+
+# --------------------------------------------------------------------------- W4: 4-bit blocks
+# A W4 linear P `[out, in]` is stored in blocks of `block_size` inputs along each row, as MIL's
+# constexpr_blockwise_shift_scale reads them (w = scale · (data − offset), data uint4):
+#     P.weight         U8  [out, in/2]   two uint4 values a byte, the earlier one in the low
+#                                        nibble (the BLOBFILE's packing, LSB first)
+#     P.weight_scale   F16 [out, in/B]
+#     P.weight_offset  F16 [out, in/B]   or U8 (uint4 zero points: GGUF Q4_0's 8)
+# and every other 2-D float tensor whose rows divide into blocks (the embedding, an untied head)
+# as int8 blocks, GGUF Q8_0's form (w = scale · data):
+#     E.weight         I8  [rows, cols]
+#     E.weight_scale   F16 [rows, cols/B]
+# A block's offset is fp16 (the block's minimum on the grid, as GGUF Q4_1 stores it): an integer
+# zero point puts 0 on the grid instead of the block's ends; on SmolLM2-135M requantized at
+# blocks of 64, that costs perplexity (quant/w4.py), and a fp16 offset is 1.5 bytes a block more.
+
+
+@dataclass(frozen=True)
+class BlockQuant:
+    """One linear's 4-bit blocks `[out, in]`: w = scale · (data − offset), block by block."""
+
+    data: np.ndarray  # uint8 [out, in]: uint4 values 0..15
+    scale: np.ndarray  # float16 [out, in / block]
+    offset: np.ndarray  # float16 [out, in / block], or uint8 uint4 zero points
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.data.shape
+
+    @property
+    def block(self) -> int:
+        return self.data.shape[1] // self.scale.shape[1]
+
+    def dense(self) -> np.ndarray:
+        """float32 w, each element (data − offset)·scale rounded once (the product is exact in
+        float64). The device's fp16 weight is its fp16 rounding when the offset is an integer."""
+        rep = lambda a: np.repeat(np.asarray(a, np.float64), self.block, axis=1)  # noqa: E731
+        return ((self.data - rep(self.offset)) * rep(self.scale)).astype(np.float32)
+
+    def rows_scaled(self, factor: np.ndarray) -> "BlockQuant":
+        """The same blocks with row r's scales times factor[r] (a fold that scales whole rows)."""
+        scale = (self.scale.astype(np.float64) * np.asarray(factor, np.float64)[:, None]).astype(np.float16)
+        return BlockQuant(self.data, scale, self.offset)
+
+    @staticmethod
+    def stack(parts: list["BlockQuant"]) -> "BlockQuant":
+        """Rows of several linears one after another (q, k and v in one conv)."""
+        if len(parts) == 1:
+            return parts[0]
+        return BlockQuant(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("data", "scale", "offset")))
+
+
+def quantize_blocks(w: np.ndarray, block: int) -> BlockQuant:
+    """Each block's min..max onto 16 levels (GGUF Q4_1's grid): scale = (max − min)/15 and
+    offset = −min/scale, both fp16, then each weight to the nearest level of that fp16 grid."""
+    w = np.asarray(w, np.float32)
+    rows, cols = w.shape
+    wb = w.reshape(rows, cols // block, block).astype(np.float64)
+    lo, hi = wb.min(axis=2), wb.max(axis=2)
+    scale = ((hi - lo) / 15).astype(np.float16)
+    flat = scale == 0  # a constant block (or a range under fp16's least step): one level, its value
+    scale[flat] = 1.0
+    offset = (-lo / scale).astype(np.float16)
+    s, o = scale.astype(np.float64)[:, :, None], offset.astype(np.float64)[:, :, None]
+    q = np.clip(np.round(wb / s + o), 0, 15).astype(np.uint8)
+    return BlockQuant(q.reshape(rows, cols), scale, offset)
+
+
+def quantize_blocks8(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """int8 blocks, symmetric (GGUF Q8_0): scale = fp16(max|w| / 127), q = round(w / scale). A
+    Q8_0 block read back is exactly itself: its largest |q| is 127 and its d an fp16."""
+    w = np.asarray(w, np.float32)
+    rows, cols = w.shape
+    wb = w.reshape(rows, cols // block, block).astype(np.float64)
+    scale = (np.abs(wb).max(axis=2) / QMAX).astype(np.float16)
+    scale[scale == 0] = 1.0
+    q = np.clip(np.round(wb / scale.astype(np.float64)[:, :, None]), -QMAX, QMAX).astype(np.int8)
+    return q.reshape(rows, cols), scale
+
+
+def dequantize_blocks8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    block = q.shape[1] // scale.shape[1]
+    return (q * np.repeat(scale.astype(np.float32), block, axis=1)).astype(np.float32)
+
+
+def pack_nibbles(data: np.ndarray) -> np.ndarray:
+    d = np.asarray(data, np.uint8)
+    return (d[:, 0::2] | (d[:, 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    out = np.empty((packed.shape[0], 2 * packed.shape[1]), np.uint8)
+    out[:, 0::2], out[:, 1::2] = packed & 15, packed >> 4
+    return out
+
+
+def table_names(config, weights: dict[str, np.ndarray], block: int) -> list[str]:
+    """The non-linear tensors W4 stores as int8 blocks: 2-D float tables (embeddings, an untied
+    head) whose rows divide into blocks."""
+    lin = {n + ".weight" for n in linear_names(config)}
+    return [k for k, v in weights.items() if k not in lin and np.ndim(v) == 2 and v.shape[1] % block == 0]
+
+
+def pack_w4(config, weights: dict[str, np.ndarray], blocks: dict[str, BlockQuant], block: int) -> dict:
+    """The tensors of a W4 folder's model.safetensors (the layout above)."""
+    out = {k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()}
+    for name in linear_names(config):
+        bq = blocks[name]
+        out[name + ".weight"] = pack_nibbles(bq.data)
+        out[name + ".weight_scale"], out[name + ".weight_offset"] = bq.scale, bq.offset
+    for k in table_names(config, weights, block):
+        out[k], out[k[:-len("weight")] + "weight_scale"] = quantize_blocks8(weights[k], block)
+    return out
+
+
+def unpack_w4(raw: dict[str, np.ndarray], config, source: str) -> tuple[dict, QuantPlan]:
+    out, blocks = dict(raw), {}
+    for name in linear_names(config):
+        try:
+            packed, scale, offset = (out.pop(name + s) for s in (".weight", ".weight_scale", ".weight_offset"))
+        except KeyError as e:
+            raise InputError(f"{source}: W4 folder lacks {e.args[0]}") from None
+        if packed.dtype != np.uint8 or scale.dtype != np.float16 or offset.dtype not in (np.float16, np.uint8) \
+                or scale.shape != offset.shape or packed.shape[0] != scale.shape[0] \
+                or (2 * packed.shape[1]) % scale.shape[1]:
+            raise InputError(f"{source}: {name}: expected uint8 [out, in/2] 4-bit pairs, fp16 scales and "
+                             f"offsets [out, in/block]; got {packed.dtype}{list(packed.shape)}, "
+                             f"{scale.dtype}{list(scale.shape)}, {offset.dtype}{list(offset.shape)}")
+        blocks[name] = BlockQuant(unpack_nibbles(packed), scale, offset)
+        out[name + ".weight"] = blocks[name].dense()
+    for k in [k for k in out if k.endswith(".weight_scale")]:
+        w = k[:-len("_scale")]
+        out[w] = dequantize_blocks8(out[w], out.pop(k))
+    return out, QuantPlan("w4", {n: InputQuant() for n in blocks}, config.model_type, blocks)

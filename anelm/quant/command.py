@@ -34,8 +34,9 @@ import numpy as np
 
 from ..models.errors import InputError
 from .calibrate import calibrate
+from .report import DEFAULT_CHIP, folder_breakdown, larger_note, predicted_decode
 from ..models.quantized import (METHOD, QMAX, InputQuant, QuantPlan, check_supported, linear_names, pack,
-                               power_of_two_above, quantize_rows, refuse_quantized)
+                               pack_w4, power_of_two_above, quantize_rows, refuse_quantized)
 
 ACC_TARGET = 8192.0  # W8: largest calibrated unscaled sum after the shift
 OUTLIER_RATIO = 8.0  # W8A8: a channel whose range exceeds this × the median channel's stays fp16
@@ -85,6 +86,11 @@ def device_bytes(weights: dict, plan: QuantPlan | None = None) -> int:
     total = 2 * sum(int(v.size) for v in weights.values())
     if plan is None:
         return total
+    for n, bq in plan.blocks.items():  # W4: half a byte a weight, fp16 scales, fp16 or uint4 offsets
+        nb = bq.scale.size
+        total += -2 * bq.data.size + bq.data.size // 2 + 2 * nb + (2 * nb if bq.offset.dtype == np.float16 else -(-nb // 2))
+    if plan.blocks:
+        return total
     for n, iq in plan.inputs.items():
         out, inp = weights[n + ".weight"].shape
         k = 0 if iq.keep is None else len(iq.keep)
@@ -110,7 +116,7 @@ def split_text(tok, text: str, calib_tokens: int, eval_tokens: int) -> tuple[lis
 
 
 def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens: int, eval_tokens: int,
-                     device: str = "auto", progress: bool | None = None, profile=None) -> dict:
+                     device: str = "auto", progress: bool | None = None, profile=None, block_size: int = 32) -> dict:
     """Everything `anelm quantize` does; returns the report. `profile`: the devices' chip
     profile (a ChipProfile; None: ANELM_PROFILE, else strict)."""
     from ..generate.perplexity import perplexity
@@ -126,7 +132,8 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
         raise InputError(f"no tokenizer found for {model}; quantize needs the model's tokenizer")
     calib, held = split_text(tok, text, calib_tokens, eval_tokens)
     seq = min(config.max_position_embeddings, 512)
-    folder, plan, chan = build_folder(Path(out), config, weights, tok, scheme, calib, seq, progress)
+    folder, plan, chan = build_folder(Path(out), config, weights, tok, scheme, calib, seq, progress,
+                                      block_size=block_size, source=Path(model))
     source_ppl = perplexity(make_runner(config, weights, device, max_context=seq, profile=profile), held, seq,
                             progress).ppl
     qconfig, qweights, _ = load_model(folder)
@@ -134,20 +141,30 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
                                progress).ppl
     report = {"scheme": scheme, "source_ppl": source_ppl, "quantized_ppl": quantized_ppl, "eval_tokens": len(held),
               "source_bytes": device_bytes(weights), "quantized_bytes": device_bytes(qweights, plan),
-              "max_activation": float(max(float(c.max()) for c in chan.values())),
+              "max_activation": float(max(float(c.max()) for c in chan.values())) if chan else None,
               "ppl_ratio": quantized_ppl / source_ppl, "calib_tokens": len(calib),
               "outlier_channels": int(sum(0 if iq.keep is None else len(iq.keep) for iq in plan.inputs.values())),
               "file_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
               "source_file_bytes": _stored_bytes(Path(model))}
+    report["file_breakdown"] = folder_breakdown(folder)
+    report["predicted_decode_tokens_per_s"] = {"chip": DEFAULT_CHIP, "source": predicted_decode(config, weights),
+                                               "quantized": predicted_decode(qconfig, qweights, plan)}
+    if scheme == "w4":
+        qc = json.loads((folder / "config.json").read_text())["quantization_config"]
+        report.update(block_size=block_size, blocks=qc["blocks"])  # where the blocks came from
     (folder / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
-def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq: int, progress=None, cal=None):
+def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq: int, progress=None, cal=None,
+                 block_size: int = 32, source: Path | None = None):
     """Calibrate on `calib` (or take `cal`, a `calibration` of it), quantize, and publish the
-    folder at `out`: (folder, plan, channel ranges)."""
+    folder at `out`: (folder, plan, channel ranges). W4 calibrates nothing (weights alone): its
+    blocks come from `source` where that is a GGUF of 4-bit blocks (quant/w4.py)."""
     from ..train.export import _publish
 
+    if scheme == "w4":
+        return build_w4(out, config, weights, tok, block_size, source)
     cal = cal or calibration(config, weights, calib, seq, progress, w8=scheme == "w8")
     qs, plan, chan = (plan_w8a8 if scheme == "w8a8" else plan_w8)(config, weights, cal)
     tensors = pack(config, weights, qs, plan)
@@ -156,6 +173,24 @@ def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq:
                                    "weights": "int8 per output channel, symmetric",
                                    "activations": "int8 per tensor, static" if scheme == "w8a8" else "fp16"}}
     return _publish(out, lambda d: _write(d, cfg, tensors, tok)), plan, chan
+
+
+def build_w4(out: Path, config, weights: dict, tok, block_size: int, source: Path | None = None):
+    from ..train.export import _publish
+    from .w4 import w4_blocks
+
+    if any(weights[n + ".weight"].shape[1] % block_size for n in linear_names(config)) or block_size % 2:
+        raise InputError(f"--block-size {block_size} does not divide every linear's inputs (hidden size "
+                         f"{config.hidden_size}): expected an even divisor, such as 32")
+    blocks, how = w4_blocks(config, weights, block_size, source)
+    plan = QuantPlan("w4", {n: InputQuant() for n in blocks}, config.model_type, blocks)
+    tensors = pack_w4(config, weights, blocks, block_size)
+    cfg = {**config.to_dict(), "torch_dtype": "float32",
+           "quantization_config": {"quant_method": METHOD, "scheme": "w4", "bits": 4, "block_size": block_size,
+                                   "weights": f"uint4 blocks of {block_size} inputs, fp16 scales and offsets",
+                                   "tables": f"int8 blocks of {block_size}, fp16 scales", "activations": "fp16",
+                                   "blocks": how}}
+    return _publish(out, lambda d: _write(d, cfg, tensors, tok)), plan, {}
 
 
 def _write(d: Path, cfg: dict, tensors: dict, tok) -> None:
@@ -167,18 +202,21 @@ def _write(d: Path, cfg: dict, tensors: dict, tok) -> None:
 
 
 def summary(r: dict) -> str:
+    speed = r.get("predicted_decode_tokens_per_s")
     return (f"{r['scheme']}: perplexity {r['source_ppl']:.4f} -> {r['quantized_ppl']:.4f} "
             f"(x{r['ppl_ratio']:.4f}) on {r['eval_tokens']} held-out tokens; weights "
-            f"{r['source_bytes'] / 2**20:.1f} MiB -> {r['quantized_bytes'] / 2**20:.1f} MiB; "
-            f"largest calibrated activation {r['max_activation']:.1f}")
+            f"{r['source_bytes'] / 2**20:.1f} MiB -> {r['quantized_bytes'] / 2**20:.1f} MiB"
+            + (f" (folder {r['file_bytes'] / 2**20:.1f} MiB)" if "file_bytes" in r else "")
+            + (f"; predicted decode on {speed['chip']}: {speed['source']:.0f} -> {speed['quantized']:.0f} tokens/s"
+               if speed else "")
+            + (f"; largest calibrated activation {r['max_activation']:.1f}" if r.get("max_activation") else ""))
 
 
 def print_summary(r: dict) -> None:
     print(summary(r), file=sys.stderr)
-    if r["file_bytes"] > r.get("source_file_bytes", r["file_bytes"]):  # a 4-bit GGUF grows: said, not hidden
-        print(f"anelm: note: the folder takes {r['file_bytes'] / 2**20:.0f} MiB on disk, more than its source's "
-              f"{r['source_file_bytes'] / 2**20:.0f} MiB: the source stores fewer than 8 bits a weight (a 4-bit "
-              "GGUF, say), the folder int8 weights (and its norms and embedding in float32)", file=sys.stderr)
+    note = larger_note(r)  # a 4-bit GGUF grows as int8: said, not hidden
+    if note:
+        print(note, file=sys.stderr)
 
 
 def _stored_bytes(model: Path) -> int:

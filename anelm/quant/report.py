@@ -1,0 +1,78 @@
+"""What `quantize` says beside the perplexities: the predicted decode speed on the chip of the
+source and of the quantized folder, and where the folder's bytes go.
+
+Decode speed: one layer's decode program (kernels/decode.py) is compiled from layer 0's
+weights as the generate pipeline holds them (fp16 matrices, or the plan's int8 / 4-bit blocks),
+its cost annotation read (compiler/passes/cost.py: weight bytes as stored, 4-bit blocks at half
+a byte a weight plus their scales and offsets) and timed on the chip (chip/cost.py), times the
+layers, plus the head on the CPU: the figure `anelm bench generate` predicts for the fp16 model
+(bench/gen_model.py), for these weights. A decode step reads every weight once, so on the chip
+it is bound by the bytes read: that is where 4 bits pay.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+DEFAULT_CHIP = "m4"  # as `anelm bench` off a Mac
+POSITION = 128  # the cache position of the predicted step (bench/gen_model.py's default)
+
+
+def predicted_decode(config, weights: dict, plan=None, chip_key: str = DEFAULT_CHIP) -> float:
+    """Predicted decode tokens/s on the chip for `weights` (float32, HF names), held as the
+    plan says (None: fp16)."""
+    from ..chip.catalog import get_chip
+    from ..chip.cost import KernelCost, eval_time, host_io_time
+    from ..chip.profile import STRICT
+    from ..compiler.pipeline import compile_graph
+    from ..generate.device_plan import plan_sizes
+    from ..kernels.decode import decode_layer
+    from ..kernels.int8 import plan_layer
+    from ..kernels.layers import layer_params, layer_shape
+    from ..models.names import layer_weights
+
+    chip, s, n = get_chip(chip_key), layer_shape(config), config.num_hidden_layers
+    sizes = plan_sizes(n, min(config.max_position_embeddings, 4096), 119)
+    tier = sizes.tier(min(POSITION, sizes.context - 1))
+    raw = layer_weights(config, weights, 0)
+    params = plan_layer(plan, 0, s, raw) if plan is not None else layer_params(s, raw)
+    art = compile_graph(decode_layer(s, params, tier, s.family.rotary, columns=STRICT.spatial_multiple_of), STRICT)
+    k = KernelCost.of(art)
+    vd = config.vocab_size * config.hidden_size  # the head: an fp16 matvec on the CPU
+    head = max(2 * vd / chip.cpu_sgemm_flops, 2 * vd / chip.cpu_dram_bytes_per_s)
+    return 1.0 / (n * (eval_time(k, chip).total_s + host_io_time(k, chip)) + head)
+
+
+def folder_breakdown(folder: Path) -> dict[str, int]:
+    """Bytes of the folder by what holds them: int8/4-bit weights, fp16 scales and offsets,
+    float32 tensors (norms, any table left unquantized), and the other files (tokenizer, config)."""
+    out = {"quantized weights": 0, "scales and offsets": 0, "float32 tensors": 0, "other files": 0}
+    for f in folder.iterdir():
+        if f.suffix != ".safetensors":
+            out["other files"] += f.stat().st_size if f.is_file() else 0
+            continue
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+        for k, t in header.items():
+            if k == "__metadata__":
+                continue
+            size = t["data_offsets"][1] - t["data_offsets"][0]
+            kind = {"I8": "quantized weights", "U8": "quantized weights", "F16": "scales and offsets"}
+            out[kind.get(t["dtype"], "float32 tensors")] += size
+    return out
+
+
+def larger_note(r: dict) -> str | None:
+    """The line that says why the folder is larger than its source, when it is."""
+    if r["file_bytes"] <= r.get("source_file_bytes", r["file_bytes"]):
+        return None
+    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+    parts = ", ".join(f"{k} {mib(v)}" for k, v in (r.get("file_breakdown") or {}).items() if v)
+    why = ("the source stores fewer than 8 bits a weight (a 4-bit GGUF, say), the folder int8 weights "
+           "(and its norms and embedding in float32)") if r["scheme"] != "w4" else \
+        ("the source packs its blocks tighter than one fp16 scale and offset per block, or keeps its "
+         "tokenizer inside the file")
+    return (f"anelm: note: the folder takes {r['file_bytes'] / 2**20:.0f} MiB on disk, more than its source's "
+            f"{r['source_file_bytes'] / 2**20:.0f} MiB: {why}" + (f" ({parts})" if parts else ""))

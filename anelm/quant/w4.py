@@ -1,0 +1,120 @@
+"""W4: the 4-bit blocks of every linear (CONTRACTS §10; the format is models/quantized.py's).
+
+From float weights each block of `block` inputs is quantized min..max onto 16 levels with fp16
+scale and offset (`quantize_blocks`). From a GGUF whose linears are already 4-bit blocks of 32
+(Q4_0, Q4_1) at `--block-size 32`, the file's own blocks are taken, not requantized:
+
+    Q4_0  w = d·(q − 8)   -> data q, scale d, offset 8 (a uint4 zero point): exact, the device's
+                             dense weight fp16(d·(q − 8)) is the fp16 rounding of the GGUF's value
+    Q4_1  w = d·q + m     -> data q, scale d, offset fp16(−m/d). No (scale, offset) makes the op's
+                             fp16(d·fp16(q − offset)) equal fp16(d·q + m) for every q: −m/d is
+                             rarely an fp16. What remains: the offset's rounding (half an fp16 step
+                             of −m/d, a few 2^-8 of d for offsets under 16) and the fp16 rounding of
+                             q − offset, each times d, beside the product's own rounding: a weight
+                             moves by at most ~2 fp16 steps of its block's largest |w|
+                             (tests/quant/test_quantize_w4_real.py measures the logits).
+                             A block with d = 0 (all weights m) is data 0, scale 1, offset −m: exact.
+
+Which linear came from which GGUF tensor is the loader's own map (`models.gguf._tensor_names`);
+the rows llama.cpp permuted (Llama's q/k) are found by the architecture's own fix applied to
+row numbers; and the blocks are taken only if they give back the loaded weights exactly (GGUF's
+float32 d·q + m): anything else (another type, another block size, a layout we do not see
+through) is requantized, and said.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..models.quantized import BlockQuant, linear_names, quantize_blocks
+
+GGUF_BLOCK = 32  # Q4_0 and Q4_1 blocks
+
+
+def w4_blocks(config, weights: dict[str, np.ndarray], block: int, source: Path | None = None
+              ) -> tuple[dict[str, BlockQuant], dict[str, int]]:
+    """({linear: its blocks}, {how: count}) where how is the GGUF type taken or "requantized"."""
+    names = linear_names(config)
+    taken = gguf_blocks(source, config, weights) if source is not None and source.suffix == ".gguf" \
+        and block == GGUF_BLOCK else {}
+    blocks, how = {}, {}
+    for n in names:
+        kind, bq = taken.get(n, ("requantized", None))
+        blocks[n] = bq if bq is not None else quantize_blocks(weights[n + ".weight"], block)
+        how[kind] = how.get(kind, 0) + 1
+    return blocks, how
+
+
+def gguf_blocks(path: Path, config, weights: dict[str, np.ndarray]) -> dict[str, tuple[str, BlockQuant]]:
+    """{linear: (GGUF type, its blocks)} for the Q4_0/Q4_1 linears of a GGUF whose blocks give
+    back the loaded weights exactly (module doc)."""
+    import gguf
+
+    from ..models.gguf import _tensor_names  # the loader's HF name -> GGUF tensor map
+    from ..models.loading import architecture
+
+    reader = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    arch = reader.fields["general.architecture"].contents()
+    module = architecture(config.model_type)
+    gnames = _tensor_names(arch, config, module.expected_shapes(config), tensors, path)
+    lin = linear_names(config)
+    rows = {n + ".weight": np.arange(weights[n + ".weight"].shape[0], dtype=np.float32)[:, None] for n in lin}
+    fix = getattr(module, "gguf_weights", None)
+    moved = module.unsanitize(fix(dict(rows), config) if fix else rows, config)
+    out = {}
+    for n in lin:
+        t, perm = tensors.get(gnames.get(n + ".weight")), moved.get(n + ".weight")
+        if t is None or t.tensor_type.name not in ("Q4_0", "Q4_1") or perm is None or perm.shape != rows[n + ".weight"].shape:
+            continue
+        bq = _blocks(np.asarray(t.data), t.tensor_type.name)
+        if bq is None or bq.data.shape != weights[n + ".weight"].shape:
+            continue
+        bq = BlockQuant(*(a[perm[:, 0].astype(np.int64)] for a in (bq.data, bq.scale, bq.offset)))
+        if np.array_equal(_gguf_value(bq, t.tensor_type.name, np.asarray(t.data), perm), weights[n + ".weight"]):
+            out[n] = (t.tensor_type.name, bq)
+    if len(out) < len(lin):
+        print(f"anelm: note: {len(lin) - len(out)} of {len(lin)} linears of {path.name} are not Q4_0/Q4_1 "
+              "blocks of 32 we can take as they are: those are requantized", file=sys.stderr)
+    return out
+
+
+def _split(raw: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """GGUF rows of Q4_0 (d, 16 bytes) or Q4_1 (d, m, 16 bytes) blocks -> (q [rows, cols] uint8,
+    d [rows, nb] fp16, m [rows, nb] fp16 or None). A block's 32 values: byte j's low nibble is
+    value j, its high nibble value j + 16."""
+    size = 18 if kind == "Q4_0" else 20
+    r = raw.reshape(raw.shape[0], -1, size)
+    d = np.ascontiguousarray(r[:, :, :2]).view(np.float16)[:, :, 0]
+    m = np.ascontiguousarray(r[:, :, 2:4]).view(np.float16)[:, :, 0] if kind == "Q4_1" else None
+    qs = r[:, :, size - 16:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(raw.shape[0], -1)
+    return q.astype(np.uint8), d, m
+
+
+def _blocks(raw: np.ndarray, kind: str) -> BlockQuant | None:
+    if raw.ndim != 2 or raw.shape[1] % (18 if kind == "Q4_0" else 20):
+        return None
+    q, d, m = _split(raw, kind)
+    if m is None:
+        return BlockQuant(q, d, np.full(d.shape, 8, np.uint8))
+    zero = d == 0  # every weight is m: level 0 of scale 1 and offset −m
+    scale = np.where(zero, np.float16(1), d).astype(np.float16)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        offset = np.where(zero, -m.astype(np.float32), -m.astype(np.float32) / d.astype(np.float32)).astype(np.float16)
+    q = np.where(np.repeat(zero, GGUF_BLOCK, axis=1), np.uint8(0), q)
+    return BlockQuant(q, scale, offset)
+
+
+def _gguf_value(bq: BlockQuant, kind: str, raw: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    """The loaded weight as the gguf package computes it from these blocks, in float32 (d·q + m
+    or d·(q − 8)), rows in the loader's order: what the blocks must give back."""
+    q, d, m = _split(raw, kind)
+    idx = perm[:, 0].astype(np.int64)
+    rep = lambda a: np.repeat(a[idx].astype(np.float32), GGUF_BLOCK, axis=1)  # noqa: E731
+    if m is None:
+        return rep(d) * (q[idx].astype(np.float32) - np.float32(8))
+    return rep(d) * q[idx].astype(np.float32) + rep(m)

@@ -1,0 +1,158 @@
+"""`anelm quantize --scheme w4` on a tiny Llama (GQA): the folder's 4-bit layout, every reading
+command, the kernels' constexpr_blockwise_shift_scale carrying the folder's own 4-bit data, the
+device's logits against the CPU reference on the dequantized weights (§6), and GGUF Q4_0/Q4_1
+blocks taken as they are (quant/w4.py) against the gguf package's own dequantization."""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+pytest.importorskip("transformers")
+import hf_tiny  # noqa: E402
+
+from anelm.cli.main import main  # noqa: E402
+from anelm.generate.pipeline import build_runner  # noqa: E402
+from anelm.ir.ops_quant import blockwise_dense  # noqa: E402
+from anelm.models.loading import build_model, load_model  # noqa: E402
+from anelm.models.quantized import BlockQuant, quantize_blocks, unpack_nibbles  # noqa: E402
+
+BLOCK = 16  # the tiny model's hidden size is 64: four blocks a row
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("w4") / "llama"
+    hf_tiny.make_word_model(d)
+    ids = np.random.default_rng(3).integers(3, 96, 200).tolist()
+    text = d.parent / "text.txt"
+    text.write_text(" ".join(hf_tiny.WORDS[i] for i in ids) + "\n", encoding="utf-8")
+    q = d.parent / "q4"
+    assert main(["quantize", "--model", str(d), "--out", str(q), "--scheme", "w4", "--block-size", str(BLOCK),
+                 "--data", str(text), "--calib-tokens", "64", "--eval-tokens", "64", "--device", "emulator"]) == 0
+    return d, text, q
+
+
+def test_folder_layout_and_report(tiny):
+    d, _, q = tiny
+    qc = json.loads((q / "config.json").read_text())["quantization_config"]
+    assert qc["scheme"] == "w4" and qc["bits"] == 4 and qc["block_size"] == BLOCK
+    t = load_file(str(q / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj"  # [64, 128]
+    assert t[name + ".weight"].dtype == np.uint8 and t[name + ".weight"].shape == (64, 64)  # two a byte
+    assert t[name + ".weight_scale"].dtype == np.float16 and t[name + ".weight_scale"].shape == (64, 128 // BLOCK)
+    assert t[name + ".weight_offset"].shape == (64, 128 // BLOCK)
+    emb = "model.embed_tokens.weight"
+    assert t[emb].dtype == np.int8 and t[emb[:-6] + "weight_scale"].shape == (96, 64 // BLOCK)
+    rep = json.loads((q / "quantization_report.json").read_text())
+    assert rep["scheme"] == "w4" and rep["block_size"] == BLOCK and rep["blocks"] == {"requantized": 14}
+    assert rep["quantized_bytes"] < 0.6 * rep["source_bytes"]  # the embedding counts as the CPU holds it, fp16
+    assert abs(rep["ppl_ratio"] - 1) < 0.05
+    speed = rep["predicted_decode_tokens_per_s"]
+    assert speed["chip"] == "m4" and speed["quantized"] >= speed["source"] > 0
+    # the reader's float32 weights are the blocks dequantized
+    config, weights, _ = load_model(q)
+    bq = weights.quant.blocks[name]
+    assert np.array_equal(weights[name + ".weight"], bq.dense())
+    assert np.array_equal(bq.data, unpack_nibbles(t[name + ".weight"]))
+
+
+def test_kernels_carry_the_folders_4bit_data(tiny):
+    _, _, q = tiny
+    config, weights, _ = load_model(q)
+    stored = load_file(str(q / "model.safetensors"))
+    runner = build_runner(config, weights, "emulator", max_context=32)
+    runner.prefill([5, 6, 7], runner.new_cache())
+    art = runner.kernels[("prefill", 0, runner.plan.bucket(3))].artifact
+    assert "data = tensor<uint4, [128, 64, 1, 1]>(BLOBFILE" in art.mil_text  # gate/up stay 4-bit
+    blob = bytes(next(b for p, b in art.weights.items() if p.endswith("/o_proj_w4_data.bin")))
+    packed = stored["model.layers.0.self_attn.o_proj.weight"]
+    assert blob[128:] == packed.tobytes()  # BLOBFILE's uint4 packing is the folder's: low nibble first
+    # q's rows carry the attention scale in their block scales, k's and v's not
+    qkv = bytes(next(b for p, b in art.weights.items() if p.endswith("/qkv_proj_w4_scale.bin")))
+    scales = np.frombuffer(qkv[128:], np.float16).reshape(96, -1)
+    q_scale = stored["model.layers.0.self_attn.q_proj.weight_scale"]
+    k_scale = stored["model.layers.0.self_attn.k_proj.weight_scale"]
+    att = 1 / np.sqrt(config.head_dim)
+    assert np.allclose(scales[:64].astype(np.float64), q_scale.astype(np.float64) * att, rtol=1e-3)
+    assert np.array_equal(scales[64:80], k_scale)
+
+
+def test_device_logits_against_the_cpu_reference(tiny):
+    """The w4 kernels on the emulator against the float32 CPU reference on the same (dequantized)
+    weights: the whole-model logits tolerance of §6."""
+    _, _, q = tiny
+    config, weights, _ = load_model(q)
+    ids = [5, 9, 17, 33, 2, 70, 41, 8]
+    cpu = build_model(config, dict(weights))
+    ref = cpu.prefill(ids, cpu.new_cache())
+    runner = build_runner(config, weights, "emulator", max_context=32)
+    got = runner.prefill(ids, runner.new_cache())
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err < 3e-2, err
+
+
+@pytest.mark.parametrize("command", ["perplexity", "generate"])
+def test_reading_commands_read_the_folder(tiny, capsys, command):
+    _, text, q = tiny
+    argv = ["--data", str(text), "--max-tokens", "40"] if command == "perplexity" else \
+        ["--prompt", hf_tiny.WORDS[5], "--max-tokens", "4", "--temperature", "0"]
+    rc = main([command, "--model", str(q), *argv, "--device", "emulator", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and (out["predictions"] == 39 if command == "perplexity" else len(out["ids"]) >= 1)
+
+
+def test_a_block_size_that_does_not_divide_is_one_line(tiny, tmp_path, capsys):
+    d, text, _ = tiny
+    rc = main(["quantize", "--model", str(d), "--out", str(tmp_path / "x"), "--scheme", "w4", "--block-size", "24",
+               "--data", str(text), "--calib-tokens", "64", "--eval-tokens", "64", "--device", "emulator"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and err[-1].startswith("anelm: error: --block-size 24") and not (tmp_path / "x").exists()
+
+
+# --------------------------------------------------------------------------- GGUF blocks
+
+def _gguf_rows(kind: str, w: np.ndarray):
+    gq = pytest.importorskip("gguf.quants")
+    from gguf import GGMLQuantizationType as T
+
+    return np.asarray(gq.quantize(w, getattr(T, kind))), lambda raw: gq.dequantize(raw, getattr(T, kind))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_gguf_blocks_are_taken_as_they_are(kind):
+    """Q4_0: the device's dense weight is exactly the fp16 rounding of the gguf package's value;
+    Q4_1: within the offset's rounding (quant/w4.py: about 2 fp16 steps of the block's largest |w|)."""
+    from anelm.quant.w4 import _blocks, _gguf_value
+
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((24, 96)) * 0.05 + rng.uniform(-0.02, 0.02, (24, 1))).astype(np.float32)
+    w[3, :32] = 0.0  # a constant block: d = 0 for Q4_1
+    raw, deq = _gguf_rows(kind, w)
+    ref = np.asarray(deq(raw), np.float32)
+    bq = _blocks(raw, kind)
+    assert bq is not None and np.array_equal(_gguf_value(bq, kind, raw, np.arange(24)[:, None]), ref)
+    sh = lambda a: np.asarray(a).reshape(24, -1, 1, 1)  # noqa: E731
+    dense = blockwise_dense(sh(bq.data).reshape(24, 96, 1, 1), sh(bq.scale), sh(bq.offset))[:, :, 0, 0]
+    if kind == "Q4_0":
+        assert bq.offset.dtype == np.uint8 and np.array_equal(dense, ref.astype(np.float16))
+    else:
+        step = np.repeat(np.abs(ref).reshape(24, 3, 32).max(axis=2), 32, axis=1) * 2.0 ** -10  # an fp16 step
+        assert np.all(np.abs(dense.astype(np.float64) - ref) <= 2 * step + 1e-12)
+        assert np.array_equal(dense[3, :32], ref[3, :32].astype(np.float16))  # the d = 0 block: exact
+
+
+def test_requantizing_a_q4_1_grid_gives_it_back():
+    """Our min..max quantizer on weights that already lie on a Q4_1 grid (levels 0 and 15 used)
+    lands on that grid: requantizing a Q4_1 model at its block size loses nothing but the
+    offset's fp16 rounding."""
+    rng = np.random.default_rng(6)
+    q = rng.integers(0, 16, (8, 64)).astype(np.float32)
+    q[:, ::32], q[:, 1::32] = 0, 15
+    d = np.repeat((rng.uniform(1, 2, (8, 2)) * 2.0 ** -8).astype(np.float16).astype(np.float32), 32, axis=1)
+    m = np.repeat(-(rng.uniform(0, 8, (8, 2)) * 2.0 ** -8).astype(np.float16).astype(np.float32), 32, axis=1)
+    w = d * q + m
+    bq = quantize_blocks(w, 32)
+    assert np.array_equal(bq.data, q.astype(np.uint8))
+    assert isinstance(bq, BlockQuant) and np.abs(bq.dense() - w).max() <= np.abs(w).max() * 2.0 ** -9
