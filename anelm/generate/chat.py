@@ -92,6 +92,9 @@ class PromptCache:
             _, cache = self.entries.pop(shared.index(n))  # the least recently used among equals
         else:
             n, cache = 0, self.runner.new_cache()
+        # a runner that predicts its times may start over where that is faster; the CPU
+        # reference (and a test's stand-in) always resumes
+        n = getattr(self.runner, "positions_to_reuse", lambda total, held: held)(len(prompt_ids), n)
         cache.length = n
         return cache, n
 

@@ -172,6 +172,16 @@ def choose_bucket(n: int, plan: SizePlan, bound: Collection[int], seconds: Secon
     return min(bucket_options(n, plan, bound), key=lambda b: (cost(b), -min(n, b), b))
 
 
+def resume_pays(n: int, held: int, plan: SizePlan, bound: Collection[int], seconds: Seconds) -> bool:
+    """Whether a cache holding a prompt's first `held` of n positions should be resumed (the
+    rest decoded one by one: prefill programs start at position 0) rather than the whole prompt
+    prefilled anew in `choose_bucket`'s bucket: a short shared prefix (a template's first
+    line) saves less than the decode steps of a long new turn cost."""
+    b = choose_bucket(n, plan, bound, seconds)
+    anew = seconds("prefill", b) + decode_seconds(min(n, b), n, plan, seconds)
+    return decode_seconds(held, n, plan, seconds) <= anew
+
+
 def serving_buckets(plan: SizePlan, bound: Collection[int], seconds: Seconds) -> tuple[int, ...]:
     """Every prefill slot's bucket for a server (`DeviceRunner.warm` builds them all first):
     those bound already and the largest, and in the free slots the ladder sizes that minimise

@@ -72,8 +72,8 @@ from ..models.layers import layer_inv_freqs, rope_tables
 from ..models.loading import build_model
 from ..models.names import layer_prefix, layer_weights, target_roles
 from ..runtime.kernel import Kernel
-from .device_plan import (MAX_CONTEXT, DeviceCache, choose_bucket, evaluation_seconds, plan_sizes, ring_size,
-                          serving_buckets)
+from .device_plan import (MAX_CONTEXT, DeviceCache, choose_bucket, evaluation_seconds, plan_sizes, resume_pays,
+                          ring_size, serving_buckets)
 from .program_store import LayerBlobs, digest, find_or_build, program_store, recipe_key
 
 
@@ -206,6 +206,11 @@ class DeviceRunner:
         if bucket not in self.buckets:
             self.buckets.append(bucket)
         return bucket
+
+    def positions_to_reuse(self, n: int, held: int) -> int:
+        """Of a cache holding the first `held` positions of an n-token prompt, how many to keep:
+        all, or none when prefilling the prompt anew is predicted faster (`resume_pays`)."""
+        return held if held == 0 or resume_pays(n, held, self.plan, self.buckets, self.pass_seconds) else 0
 
     def pass_seconds(self, kind: str, size: int) -> float:
         """Predicted seconds of one pass over every layer of a prefill bucket or decode tier,

@@ -13,8 +13,9 @@ from anelm.chip.profile import STRICT
 from anelm.device.base import compile_count
 from anelm.device.emulator import Emulator
 from anelm.device.emulator_cost import emulated_seconds
+from anelm.generate.chat import PromptCache
 from anelm.generate.device_plan import (SizePlan, bucket_options, choose_bucket, decode_seconds, evaluation_seconds,
-                                        plan_sizes, serving_buckets)
+                                        plan_sizes, resume_pays, serving_buckets)
 from anelm.generate.pipeline import build_runner
 from anelm.models.loading import load_model
 
@@ -62,6 +63,15 @@ def test_serving_buckets_fill_the_free_slots():
     gpt2 = plan_sizes(12, 1024, STRICT.compile_budget)  # 4 prefill slots: 3 free besides 1024
     chosen = serving_buckets(gpt2, [], emulator_like)
     assert len(chosen) == len(gpt2.prefill) and chosen[-1] == 1024 and set(chosen) <= set(gpt2.sizes)
+
+
+def test_a_cached_prefix_is_resumed_only_where_its_decode_steps_pay():
+    # a template's 10 tokens held of a 60-token prompt: 50 steps (1.1 s) against bucket 64 (0.2 s)
+    assert not resume_pays(60, 10, PLAN, [64, 512], emulator_like)
+    assert resume_pays(60, 52, PLAN, [64, 512], emulator_like)  # 8 steps: 0.18 s, less than 64 columns (0.21 s)
+    assert not resume_pays(60, 50, PLAN, [64, 512], emulator_like)  # 10 steps: 0.22 s
+    assert not resume_pays(60, 58, PLAN, [64, 512], ane_like)  # predicted on an M4: 2 steps of 7 ms, bucket 64 in 7 ms
+    assert resume_pays(600, 560, PLAN, [64, 512], emulator_like)  # past every bucket: the cache is better
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +125,15 @@ def test_the_runner_predicts_from_its_programs_and_warm_fills_the_slots(tiny):
     assert {s for k, _, s in runner.kernels if k == "prefill"} == set(runner.buckets)
     runner.prefill(list(range(1, 21)), runner.new_cache())  # a bound bucket or decode steps: nothing compiled
     assert len(runner.kernels) == n
+    store = PromptCache(runner)  # a held prefix of 2 positions: 38 steps cost more than a bucket
+    cache = runner.new_cache()
+    runner.prefill([5, 6, 7], cache)
+    store.put([5, 6, 7], cache)
+    assert store.take([5, 6] + list(range(10, 48)))[1] == 0
+    cache = runner.new_cache()
+    runner.prefill(list(range(1, 41)), cache)
+    store.put(list(range(1, 41)), cache)
+    assert store.take(list(range(1, 41)) + [3, 4])[1] == 40  # 2 steps against a whole bucket: resumed
 
 
 def test_smollm2_decodes_past_bucket_16_on_the_emulator_not_on_the_chip(smollm):
