@@ -5,6 +5,9 @@
     int8.accumulator        W8A8 conv (quantize -> dequantize -> conv on constexpr int8 weights)
                             whose integer sums reach 516,096 before the row scale brings the
                             results to 16384 ... 64512: int32 (every result exact) or a limit
+    op.constexpr_blockwise_shift_scale   a 1x1 conv on 4-bit weights (W4, `anelm quantize
+                            --scheme w4`): uint4 BLOBFILE data in blocks of 32 inputs with fp16
+                            scales and offsets, made dense at compile time (iOS 18)
 
 The sources disagree on the rounding (MIL's reference rounds half to even; the M6 study reports
 half away from zero for the accumulator's outputs), so the first probe reads it off numbers
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Harness, Observation, Probe, blob, f64
+from .harness import REDUCTION, Harness, Observation, Probe, blob, compare, data, f64
 from .milgen import const, literal, op, program, ttype
 from .probes_accum import first_limited_rung, read_ladder
 from .probes_ops import X, expect_ops
@@ -98,6 +101,36 @@ def _accumulator(h: Harness) -> Observation:
 
 
 INT8_OPS = ("quantize", "dequantize", "constexpr_affine_dequantize", "conv")
+W4, W4_OPS = "op.constexpr_blockwise_shift_scale", ("constexpr_blockwise_shift_scale", "conv")
+
+
+def w4_weights() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(uint4 data [96, 64, 1, 1], fp16 scale and offset [96, 2, 1, 1], the dense weight in
+    float64). Scales are powers of two and offsets quarters, so every q − offset and product
+    is exact in fp16: the dense weight is the definition's, scale · (data − offset), whatever
+    the order of its roundings, and the probe's tolerance is the conv's alone."""
+    rng = np.random.default_rng(34)
+    q = rng.integers(0, 16, (96, 64, 1, 1)).astype(np.uint8)
+    scale = (2.0 ** rng.integers(-9, -5, (96, 2, 1, 1))).astype(np.float16)
+    offset = (rng.integers(0, 64, (96, 2, 1, 1)) / 4).astype(np.float16)  # 0 .. 15.75
+    dense = (q - np.repeat(f64(offset), 32, axis=1)) * np.repeat(f64(scale), 32, axis=1)
+    return q, scale, offset, dense
+
+
+def _w4(h: Harness) -> Observation:
+    from ..mil.blob import encode_tensor  # noqa: PLC0415 - the harness reaches the blob writer lazily
+
+    q, scale, offset, dense = w4_weights()
+    x = data(X, -1.0, 1.0, 34)
+    out = (1, 96, 1, X[3])
+    weight = (f'{ttype("fp16", q.shape)} W = constexpr_blockwise_shift_scale()['
+              f'data = {ttype("uint4", q.shape)}(BLOBFILE(path = string("{W_PATH}"), offset = uint64(64))), '
+              f'name = string("W"), offset = {literal("fp16", offset)}, scale = {literal("fp16", scale)}];')
+    body = [weight, *CONV_CONSTS, op("y", "fp16", out, "conv", x="x", weight="W", **CONV_ARGS)]
+    (got,) = h.run(program([("x", "fp16", X)], body, ["y"]), [x], [("fp16", out)],
+                   weights={W_PATH: bytes(encode_tensor(q, "uint4"))})
+    ref = np.einsum("oi,bis->bos", dense[:, :, 0, 0], f64(x)[:, :, 0, :])[:, :, None, :]
+    return compare(got, ref, REDUCTION)
 
 
 def int8_probes() -> list[Probe]:
@@ -108,4 +141,6 @@ def int8_probes() -> list[Probe]:
         Probe(ACCUM, 3, "W8A8 conv, integer sums to 516,096, results 16384 to 64512: the first inf (int32: none)",
               _accumulator, expect_ops(INT8_OPS, lambda p: first_limited_rung(None, p.saturate_above, INT8_RUNGS)),
               INT8_OPS),
+        Probe(W4, 1, "1x1 conv on uint4 BLOBFILE weights, blocks of 32 with fp16 scales and offsets (iOS 18)",
+              _w4, expect_ops(W4_OPS), W4_OPS),
     ]

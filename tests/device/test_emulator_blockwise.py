@@ -123,3 +123,19 @@ def test_the_op_is_typed_as_coremltools_types_it():
     with pytest.raises(ShapeError, match="offset"):
         b.constexpr_blockwise_shift_scale(np.zeros((8, 6)), "int4", np.ones((8, 2), np.float16),
                                           np.zeros((8, 3), np.float16))
+
+
+def test_the_doctor_probe_passes_here_and_catches_an_op_without_offsets(monkeypatch, tmp_path):
+    """`anelm doctor`'s op.constexpr_blockwise_shift_scale (doctor/probes_int8.py) on the
+    emulator, and on a device whose op drops the offsets (it must fail there)."""
+    from anelm.doctor import run_suite, select
+    from anelm.doctor.probes_int8 import W4, w4_weights
+    from anelm.ir import ops_quant
+
+    q, scale, offset, dense = w4_weights()
+    assert np.array_equal(ops_quant.blockwise_dense(q, scale, offset).astype(np.float64), dense)  # exact in fp16
+    assert run_suite(Emulator(STRICT), select([W4]))[W4].status == "ok"
+    plain = ops_quant.blockwise_dense
+    monkeypatch.setattr(ops_quant, "blockwise_dense", lambda d, s, o: plain(d, s, None))
+    monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path))  # no plan the right op folded before
+    assert run_suite(Emulator(STRICT), select([W4]))[W4].status != "ok"
