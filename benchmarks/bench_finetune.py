@@ -21,11 +21,11 @@ import json
 import os
 import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from timing import finetune_flags, rounds  # benchmarks/timing.py, beside this script
 
 MODEL = Path(__file__).resolve().parents[2] / "shared" / "data" / "models" / "smollm2-135m-instruct-q4_1.gguf"
 TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "text" / "apache-2.0.txt"
@@ -110,40 +110,17 @@ def worker(a) -> None:
 
 # ----------------------------------------------------------------------- the driver
 
-def spawn(kind: str, a) -> dict:
-    argv = [sys.executable, __file__, f"--worker={kind}", f"--model={a.model}", f"--data={a.data}",
-            f"--steps={a.steps}", f"--batch-size={a.batch_size}", f"--seq-len={a.seq_len}",
-            f"--rank={a.rank}", f"--alpha={a.alpha}", f"--targets={a.targets}", f"--dropout={a.dropout}", f"--torch-threads={a.torch_threads}"]
-    p = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if p.returncode:
-        sys.exit(f"{kind} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=MODEL)
     p.add_argument("--data", type=Path, default=TEXT)
-    p.add_argument("--steps", type=int, default=3, help="timed steps per process (after one warmup step)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--rank", type=int, default=8)
-    p.add_argument("--alpha", type=float, default=16.0)
-    p.add_argument("--targets", default="q_proj,v_proj")
+    finetune_flags(p, steps=3, batch_size=1, seq_len=64, rank=8, targets="q_proj,v_proj", variants=VARIANTS)
     p.add_argument("--dropout", type=float, default=0.0, help="lora_dropout of both LoRA variants")
-    p.add_argument("--torch-threads", type=int, default=1,
-                   help="torch's threads (default 1: on a loaded 2-core machine 2 OpenMP threads spin "
-                        "and a step took 10-30x longer)")
-    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         return worker(a)
-    got: dict[str, list[dict]] = {k: [] for k in VARIANTS}
-    for r in range(a.rounds):
-        for kind in VARIANTS:
-            got[kind].append(spawn(kind, a))
-            print(f"round {r + 1}: {kind} done", file=sys.stderr, flush=True)
+    got = rounds(__file__, VARIANTS, a, ("model", "data", "steps", "batch_size", "seq_len", "rank", "alpha",
+                                         "targets", "dropout", "torch_threads"))
     load = os.getloadavg()[0]
     row = {}
     for kind, runs in got.items():

@@ -34,11 +34,11 @@ import json
 import os
 import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from timing import finetune_flags, rounds  # benchmarks/timing.py, beside this script
 
 T_START = time.perf_counter()
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,17 +153,6 @@ def worker(a) -> None:
 
 # ----------------------------------------------------------------------- the driver
 
-def spawn(kind: str, a) -> dict:
-    argv = [sys.executable, __file__, f"--worker={kind}", f"--model={a.model}", f"--data={a.data}",
-            f"--steps={a.steps}", f"--batch-size={a.batch_size}", f"--seq-len={a.seq_len}", f"--rank={a.rank}",
-            f"--alpha={a.alpha}", f"--targets={a.targets}", f"--torch-threads={a.torch_threads}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ANELM_KERNEL_CACHE_MB": "0"}  # every process compiles
-    p = subprocess.run(argv, capture_output=True, text=True, env=env)
-    if p.returncode:
-        sys.exit(f"{kind} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 def padding_table(a) -> None:
     from anelm.models.loading import load_model
     from anelm.train.examples import load_data
@@ -184,25 +173,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=MODEL)
     p.add_argument("--data", type=Path, default=FACTS, help="a folder with train.jsonl and valid.jsonl")
-    p.add_argument("--steps", type=int, default=4, help="timed steps per process (after the first step)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--alpha", type=float, default=16.0)
-    p.add_argument("--targets", default="all-linear")
-    p.add_argument("--torch-threads", type=int, default=1,
-                   help="torch's threads (default 1: on a loaded 2-core machine 2 OpenMP threads spin "
-                        "and a step took 10-30x longer)")
-    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    finetune_flags(p, steps=4, batch_size=2, seq_len=128, rank=16, targets="all-linear", variants=VARIANTS)
     a = p.parse_args()
     if a.worker:
         return worker(a)
-    got: dict[str, list[dict]] = {k: [] for k in VARIANTS}
-    for r in range(a.rounds):
-        for kind in VARIANTS:
-            got[kind].append(spawn(kind, a))
-            print(f"round {r + 1}: {kind} done", file=sys.stderr, flush=True)
+    got = rounds(__file__, VARIANTS, a, ("model", "data", "steps", "batch_size", "seq_len", "rank", "alpha",
+                                         "targets", "torch_threads"),
+                 env={"ANELM_KERNEL_CACHE_MB": "0"})  # every process compiles
     load = os.getloadavg()[0]
     print(f"SmolLM2-135M on {a.data.name}, batch {a.batch_size} x {a.seq_len}, rank {a.rank}, alpha {a.alpha:g}, "
           f"targets {a.targets}; {a.rounds} rounds x {a.steps} timed steps each; load average {load:.1f}")
