@@ -1,4 +1,4 @@
-"""Tiny models of the families users download (Qwen2, Llama 3.x, Mistral), each as an HF folder
+"""Tiny models of the families users download (Qwen2, Llama 3.x, Mistral, Phi-3), each as an HF folder
 and as the GGUF llama.cpp's converter would write from it (`import family_tiny` from any test
 folder): the oracles of tests/generate/test_generate_families.py.
 
@@ -7,7 +7,8 @@ with the head sharpened as CONTRACTS §6 asks. The GGUF holds the same float32 w
 llama.cpp's names (gguf's own tensor-name map), with what its converter changes: q and k rows
 (and their biases) of `llama`-arch models permuted for interleaved RoPE, no output tensor when
 the head is tied, Llama 3's per-pair RoPE divisors as the `rope_freqs` tensor, and its metadata
-keys (sizes, epsilon, RoPE base and dimension, scaling, window), plus a byte-level vocabulary of
+keys (sizes, epsilon, RoPE base and dimension, scaling, window; Phi-3's LongRoPE factors as the
+`rope_factors_long`/`_short` tensors, its qkv and gate_up fused as HF has them), plus a byte-level vocabulary of
 the same words (no merges: text reaches these models through the folder's tokenizer) with the
 family's pre-tokenizer name and a chat template.
 """
@@ -75,7 +76,16 @@ def write_gguf(hf, path: Path, arch: str, pre: str, meta: dict | None = None, pe
     w.add_head_count_kv(kv)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
-    w.add_rope_dimension_count(hd)
+    rp = c.rope_parameters
+    w.add_rope_dimension_count(int(rp.get("partial_rotary_factor", 1.0) * c.hidden_size) // heads)
+    if arch == "phi3":  # Phi3MiniModel: the original context and window (0: none) always, LongRoPE's factors
+        old = rp.get("original_max_position_embeddings", c.max_position_embeddings)
+        w.add_rope_scaling_orig_ctx_len(old)
+        w.add_sliding_window(c.sliding_window or 0)
+        if rp.get("long_factor"):
+            w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(c.max_position_embeddings / old) / np.log(old))))
+            w.add_tensor("rope_factors_long.weight", np.asarray(rp["long_factor"], np.float32))
+            w.add_tensor("rope_factors_short.weight", np.asarray(rp["short_factor"], np.float32))
     if hd != c.hidden_size // heads:
         w.add_key_length(hd)
         w.add_value_length(hd)

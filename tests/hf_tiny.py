@@ -50,6 +50,18 @@ SPECS = {
                    dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=1000.0,
                         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
                         **LLAMA)),
+    # Phi-4-mini's shape: a partial rotation (12 of 16 dims), LongRoPE past an original context of
+    # 48 (factor 4/3: attention factor 1.036; generic tests' sequences stay within it, as a cache
+    # kept past it is not HF's), GQA, a tied head; the checkpoint fuses qkv and gate_up
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, partial_rotary_factor=0.75,
+                  original_max_position_embeddings=48, pad_token_id=0,
+                  rope_scaling={"type": "longrope", "short_factor": [1.0, 1.0, 1.25, 1.5, 2.0, 2.5],
+                                "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0]}, **LLAMA)),
+    # Phi-3-mini's: MHA, a window on every layer, the whole head rotated, an untied head
+    "phi3-mini": ("Phi3Config", "Phi3ForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=4, sliding_window=8, pad_token_id=0,
+                       original_max_position_embeddings=64, **LLAMA)),
     "qwen3-tied": ("Qwen3Config", "Qwen3ForCausalLM",
                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, **LLAMA)),
     "qwen3-untied": ("Qwen3Config", "Qwen3ForCausalLM",
@@ -134,10 +146,11 @@ def hf_windows(model, ids, seq: int) -> tuple[float, list[np.ndarray]]:
 
 
 
-def greedy_against_hf(runner, model, ids, steps: int) -> tuple[list[int], list[int], list[int]]:
+def greedy_against_hf(runner, model, ids, steps: int, prefixes: bool = False) -> tuple[list[int], list[int], list[int]]:
     """`runner`'s greedy tokens from `ids`, judged by HF's `model` run teacher-forced on them (so
     every step is judged on the same prefix): (tokens, the steps where HF's choice is decisive
-    by CONTRACTS §6's tie rule, those of them where ours differs)."""
+    by CONTRACTS §6's tie rule, those of them where ours differs). `prefixes`: HF runs each
+    step's prefix alone, as its generation does (LongRoPE's factors depend on the length)."""
     from helpers import decisive
 
     cache, tokens = runner.new_cache(), []
@@ -145,6 +158,8 @@ def greedy_against_hf(runner, model, ids, steps: int) -> tuple[list[int], list[i
     for _ in range(steps):
         tokens.append(int(np.argmax(logits)))
         logits = runner.decode(tokens[-1], cache)
-    ref = hf_logits(model, list(ids) + tokens)[len(ids) - 1:-1]
+    seq = list(ids) + tokens
+    ref = np.stack([hf_logits(model, seq[:n])[-1] for n in range(len(ids), len(seq))]) if prefixes else \
+        hf_logits(model, seq)[len(ids) - 1:-1]
     judged = [i for i, theirs in enumerate(ref) if decisive(theirs)]
     return tokens, judged, [i for i in judged if tokens[i] != int(np.argmax(ref[i]))]

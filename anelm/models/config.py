@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from .errors import ConfigError
-from .rope import rope_frequencies, rope_type, standardize
+from .rope import RUNNABLE, rope_frequencies, rope_type, standardize
 
 @dataclass(frozen=True)
 class BaseConfig:
@@ -81,6 +81,7 @@ class LlamaConfig(BaseConfig):
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     ACTIVATIONS: ClassVar[tuple[str, ...]] = ("silu",)
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = RUNNABLE  # the rope types the architecture runs (`rope.py`)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
@@ -115,7 +116,7 @@ class LlamaConfig(BaseConfig):
 
     def _check_rope_scaling(self) -> None:
         """HF's rope parameters completed as HF completes them (`rope.standardize`), or a one-line error."""
-        scaling, problem = standardize(self.rope_scaling, self.max_position_embeddings)
+        scaling, problem = standardize(self.rope_scaling, self.max_position_embeddings, self.ROPE_TYPES)
         if problem:
             raise self._fail(problem)
         self._set("rope_scaling", scaling)
@@ -132,6 +133,14 @@ class LlamaConfig(BaseConfig):
         """RoPE's gain on cos and sin in layer `index` (YaRN's; 1 for most types): q and k both
         carry it, so the runners scale the scores by its square (`rope.py`)."""
         return rope_frequencies(self.head_dim, *self.rope(index))[1]
+
+    def at_length(self, n: int) -> "LlamaConfig":
+        """The config whose RoPE tables are HF's for a sequence of n positions: itself, but past
+        a `longrope` original context one whose short factors are the long ones (`rope.py`)."""
+        s = self.rope_scaling
+        if self.rope_type != "longrope" or n <= s["original_max_position_embeddings"]:
+            return self
+        return dataclasses.replace(self, rope_scaling={**s, "short_factor": s["long_factor"]})
 
     @property
     def rope_type(self) -> str:

@@ -27,6 +27,7 @@ from .config import ModelConfig, config_from_dict
 from .errors import ConfigError, LoadError
 
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-pair RoPE divisors (Llama 3's scaling)
+LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")  # LongRoPE's factors (Phi-3)
 UNKNOWN_TYPE = re.compile(r"(\d+)\)? is not a valid GGMLQuantizationType")  # "np.uint32(99) is not..."
 
 
@@ -46,7 +47,9 @@ def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarra
     tensors = {t.name: t for t in reader.tensors}
     config = config_from_gguf(meta, tensors, path)
     module = architecture(config.model_type)
-    names = _tensor_names(arch, config, module.expected_shapes(config), tensors, path)
+    # the checkpoint's names: an architecture that splits fused matrices at load says them apart
+    shapes = getattr(module, "checkpoint_shapes", module.expected_shapes)(config)
+    names = _tensor_names(arch, config, shapes, tensors, path)
     ours = {hf: _dequantize(tensors[g], path) for hf, g in names.items()}
     # what llama.cpp's converter changed (Llama's q/k rows permuted, Gemma's norms stored as 1 + w)
     fix = getattr(module, "gguf_weights", None)
@@ -143,6 +146,9 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, Any], path: Path) 
              bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["padding"])
     if ROPE_FREQS in tensors and "rope_theta" in d:  # Llama 3's scaling: per-pair divisors, no keys
         d["rope_scaling"] = _llama3(_dequantize(tensors[ROPE_FREQS], path), d, arch, path)
+    if LONGROPE[0] in tensors:  # LongRoPE: the factors as tensors, no type key (the original context is read)
+        d["rope_scaling"] = {"rope_type": "longrope", **{f"{k}_factor": _dequantize(tensors[n], path).tolist()
+                                                         for k, n in zip(("long", "short"), LONGROPE)}}
     try:
         return config_from_dict(d, str(path))
     except ConfigError as e:
@@ -212,7 +218,8 @@ def _tensor_names(arch: str, config: ModelConfig, expected: dict[str, tuple[int,
     if missing:
         more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
         raise LoadError(f"{path}: GGUF tensors missing: {', '.join(missing[:3])}{more}")
-    read = {ROPE_FREQS} if getattr(config, "rope_type", None) == "llama3" else set()  # the config's (`config_from_gguf`)
+    kind = getattr(config, "rope_type", None)  # tensors the config was read from (`config_from_gguf`)
+    read = {ROPE_FREQS} if kind == "llama3" else set(LONGROPE) if kind == "longrope" else set()
     extra = sorted(set(tensors) - set(names.values()) - read)
     if extra:
         raise LoadError(f"{path}: GGUF tensor {extra[0]} is not used by {arch}: expected only the weights "

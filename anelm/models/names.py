@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from . import registry
 from .registry import ByType
 
 # The tables by model type, read from each architecture's declaration (`registry.py`)
@@ -81,14 +82,22 @@ def module_name(model_type: str, layer: int, role: str) -> str:
     return f"{layer_prefix(model_type, layer)}{MODULES[model_type][role]}"
 
 
+def lora_module(model_type: str, role: str) -> str:
+    """The HF module path inside a layer that a LoRA adapter on projection `role` sits on: the
+    checkpoint's fused module where it stacks the role with others (Phi-3's qkv_proj), else the role's own."""
+    fused = registry.arch(model_type).fused
+    return next((m for m, roles in fused.items() if role in roles), MODULES[model_type][role])
+
+
 def target_names(model_type: str) -> tuple[str, ...]:
     """The LoRA target module names of an architecture, as PEFT's `target_modules` spells them."""
-    return tuple(dict.fromkeys(MODULES[model_type][r].rsplit(".", 1)[-1] for r in PROJECTIONS[model_type]))
+    return tuple(dict.fromkeys(lora_module(model_type, r).rsplit(".", 1)[-1] for r in PROJECTIONS[model_type]))
 
 
 def target_roles(model_type: str, target: str) -> tuple[str, ...]:
-    """The roles one LoRA target name covers: ("q",) for "q_proj", ("o", "proj") for GPT-2's "c_proj"."""
-    return tuple(r for r in PROJECTIONS[model_type] if MODULES[model_type][r].rsplit(".", 1)[-1] == target)
+    """The roles one LoRA target name covers: ("q",) for "q_proj", ("o", "proj") for GPT-2's
+    "c_proj", ("q", "k", "v") for Phi-3's "qkv_proj"."""
+    return tuple(r for r in PROJECTIONS[model_type] if lora_module(model_type, r).rsplit(".", 1)[-1] == target)
 
 
 def layer_weights(config: Any, weights: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:

@@ -13,12 +13,12 @@ changed). Adding an architecture is a module here, its name in MODEL_TYPES, and 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType, ModuleType
 from typing import Mapping
 
-MODEL_TYPES = ("gpt2", "llama", "qwen3", "gemma3_text", "qwen2", "mistral", "smollm3")
+MODEL_TYPES = ("gpt2", "llama", "qwen3", "gemma3_text", "qwen2", "mistral", "smollm3", "phi3")
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,13 @@ class Architecture:
     base_prefix: str = "model."      # the bare base model's path inside the LM (GPT-2: "transformer.")
     conv1d: bool = False             # HF stores the linears as Conv1D [in, out] (PEFT's fan_in_fan_out)
     aliases: tuple[str, ...] = ()    # other HF model_types read as this one (a multimodal folder's text)
+    # HF module path -> the roles whose rows it stacks, in order, where the checkpoint fuses
+    # projections that anelm keeps apart (Phi-3's qkv_proj, gate_up_proj): LoRA targets those
+    fused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self):
-        object.__setattr__(self, "modules", MappingProxyType(dict(self.modules)))
-        object.__setattr__(self, "ends", MappingProxyType(dict(self.ends)))
+        for name in ("modules", "ends", "fused"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
 
 LLAMA_MODULES = {"attn_norm": "input_layernorm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",

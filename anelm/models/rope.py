@@ -11,9 +11,21 @@ the tables agree with HF's to float32 rounding.
 - `dynamic` (NTK) raises the base only once a sequence passes `max_position_embeddings`, which
   is the context anelm gives a model: inside it the frequencies are the plain ones, as HF's are
   until then.
-- `longrope` switches from short to long factors for a whole forward pass once the sequence
-  passes `original_max_position_embeddings`: computed here, not run yet (RUNNABLE), as the
-  runners keep one table per layer.
+- `longrope` (Phi-3): HF picks the factors per forward pass from its length, max(position) + 1:
+  `short_factor` up to `original_max_position_embeddings`, `long_factor` past it, for every
+  position of the pass; its generation drops the KV cache when a sequence first passes the
+  original context, so from then on every key is the long factors'. The rule here: a sequence
+  of n positions runs with the long factors when n > original, as a whole (the CPU reference,
+  `phi3.Model`, runs a sequence again from position 0 the step it passes, as HF does);
+  `config.at_length(n)` is the config whose tables (taken with no length) are those. The
+  attention factor comes from `factor` (max / original context when absent), as HF's. Only an
+  architecture that runs this rule takes the type (`standardize`'s `runnable`).
+- `partial_rotary_factor` (Phi-4-mini: 0.75) rotates the first rot = head_dim·factor dimensions
+  of each head, pairing i with i + rot/2 (HF's rotate_half on that slice). Frequencies are then
+  returned for the whole head, the rotated pairs first and 0 (cos 1, sin 0: the identity) for
+  the rest, so the tables pair i with i + head_dim/2 as for a full rotation: the model lays each
+  q and k head out so that those pairs are HF's (`phi3.py` permutes the rows at load). Only an
+  architecture that does so takes the factor (`standardize` refuses it in a config's scaling).
 """
 
 from __future__ import annotations
@@ -119,7 +131,7 @@ ROPE_TYPES: dict[str, tuple[tuple[str, ...], Init]] = {
     "longrope": (("short_factor", "long_factor", "original_max_position_embeddings"), _longrope),
     "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), _llama3),
 }
-RUNNABLE = ("default", "linear", "dynamic", "yarn", "llama3")  # longrope: module doc
+RUNNABLE = ("default", "linear", "dynamic", "yarn", "llama3")  # longrope: only where the config says (Phi-3)
 NOPE = {"rope_type": "none"}  # the RoPE of a layer without it (`config.rope(i)`)
 WITH_ORIGINAL = ("llama3", "yarn", "longrope")  # original_max_position_embeddings defaults to the context
 
@@ -129,20 +141,23 @@ def rope_type(scaling: dict | None) -> str:
     return s.get("rope_type", s.get("type", "default"))
 
 
-def standardize(scaling: dict | None, max_position_embeddings: int) -> tuple[dict | None, str | None]:
+def standardize(scaling: dict | None, max_position_embeddings: int,
+                runnable: tuple[str, ...] = RUNNABLE) -> tuple[dict | None, str | None]:
     """(HF's parameters completed as HF completes them, or None for plain RoPE; a one-line
     problem or None): `original_max_position_embeddings` defaults to the context, a missing
-    YaRN `factor` to the context over it; an unknown type or missing key is the problem."""
+    YaRN or LongRoPE `factor` to the context over it; a type not in `runnable` (the
+    architecture's: LongRoPE needs runners that switch factors per sequence, Phi-3's) or a
+    missing key is the problem."""
     kind = rope_type(scaling)
-    if kind not in RUNNABLE:
-        return None, f"unsupported rope_type {kind!r}: expected one of {', '.join(RUNNABLE)}"
+    if kind not in runnable:
+        return None, f"unsupported rope_type {kind!r}: expected one of {', '.join(runnable)}"
     if kind == "default":
         return None, None
     p = {**scaling, "rope_type": kind}
     p.pop("type", None)
     if kind in WITH_ORIGINAL:
         p.setdefault("original_max_position_embeddings", max_position_embeddings)
-    if kind == "yarn" and p.get("factor") is None:
+    if kind in ("yarn", "longrope") and p.get("factor") is None:
         p["factor"] = max_position_embeddings / p["original_max_position_embeddings"]
     missing = [k for k in ROPE_TYPES[kind][0] if p.get(k) is None]
     if missing:
@@ -181,5 +196,7 @@ def rope_frequencies(head_dim: int, theta: float, scaling: dict | None = None, s
     within the context; only `dynamic` and `longrope` look at it)."""
     kind = rope_type(scaling)
     dim = int(head_dim * (scaling or {}).get("partial_rotary_factor", 1.0))
-    inv, gain = ROPE_TYPES[kind][1](scaling or {}, dim, float(theta), seq_len, max_position_embeddings)
-    return np.asarray(inv, F32), float(gain)
+    part, gain = ROPE_TYPES[kind][1](scaling or {}, dim, float(theta), seq_len, max_position_embeddings)
+    inv = np.zeros(head_dim // 2, F32)
+    inv[:dim // 2] = part  # a partial rotation's other pairs turn by 0 (module doc)
+    return inv, float(gain)

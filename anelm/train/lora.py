@@ -123,7 +123,7 @@ def adapter_writer(setup: RunSetup):
     spec = lora_spec(setup.config)
 
     def write(step: int, params: dict) -> None:
-        save_peft(params_adapter(params, spec, setup.model_config.model_type), setup.run / ADAPTER_DIR)
+        save_peft(params_adapter(params, spec, setup.model_config), setup.run / ADAPTER_DIR)
 
     return write
 
@@ -131,7 +131,7 @@ def adapter_writer(setup: RunSetup):
 def best_writer(setup: RunSetup):
     """The trainer's RUN/best writer (`validation`): the adapter of the best eval, as RUN/adapter."""
     spec = lora_spec(setup.config)
-    return lambda folder, step, params: save_peft(params_adapter(params, spec, setup.model_config.model_type),
+    return lambda folder, step, params: save_peft(params_adapter(params, spec, setup.model_config),
                                                   folder)
 
 
@@ -141,5 +141,5 @@ def merged_setup(setup: RunSetup) -> RunSetup:
 
     from ..models.adapters import merge_weights
 
-    adapter = params_adapter(setup.params, lora_spec(setup.config), setup.model_config.model_type)
+    adapter = params_adapter(setup.params, lora_spec(setup.config), setup.model_config)
     return replace(setup, params=merge_weights(setup.frozen, adapter))

@@ -36,9 +36,9 @@ import numpy as np
 from ..errors import UsageError
 from ..kernels.families import family_for
 from ..kernels.training import LoraLayout, drop_key, mask_key
-from ..models.adapters import Adapter, LoraSpec, check_spec, projection_shape, target_modules
+from ..models.adapters import Adapter, LoraSpec, check_spec, fused_parts, lora_parts, projection_shape, target_modules
 from . import cpu_ops as ops
-from ..models.names import layer_prefix
+from ..models.names import layer_modules, layer_prefix
 from .step import DeviceTrainStep
 from .step_gemma import GemmaTrainStep
 from .step_gpt2 import GPT2TrainStep
@@ -52,8 +52,9 @@ def lora_layout(config, spec: LoraSpec) -> LoraLayout:
     """The kernels' view of `spec`: its rank and, per adapted layer part, the kernel roles it
     covers (`Family.part_roles`: GPT-2's fused c_attn covers wq, wk and wv)."""
     parts = dict.fromkeys(role for layer, role in target_modules(config, spec.targets).values() if layer == 0)
-    roles = family_for(config.model_type).part_roles
-    return LoraLayout(spec.rank, tuple((p, roles[p]) for p in parts), dropout=spec.dropout > 0)
+    roles, fused = family_for(config.model_type).part_roles, lora_parts(config.model_type)
+    kernel = {p: roles[p] if p in roles else sum((roles[r] for r in fused[p][1]), ()) for p in parts}  # Phi-3's
+    return LoraLayout(spec.rank, tuple((p, kernel[p]) for p in parts), dropout=spec.dropout > 0)
 
 
 def adapter_shapes(config, spec: LoraSpec) -> dict[str, tuple[int, int]]:
@@ -75,10 +76,11 @@ def adapter_params(adapter: Adapter) -> dict[str, np.ndarray]:
     return out
 
 
-def params_adapter(params: dict[str, np.ndarray], spec: LoraSpec, model_type: str) -> Adapter:
-    """The trainer's parameters back as an Adapter (for `save_peft`)."""
+def params_adapter(params: dict[str, np.ndarray], spec: LoraSpec, config) -> Adapter:
+    """The trainer's parameters back as an Adapter (for `save_peft`, `merge_weights`)."""
     paths = [n[: -len(A_KEY)] for n in params if n.endswith(A_KEY)]
-    return Adapter(spec, model_type, {p: (params[p + A_KEY], params[p + B_KEY]) for p in paths})
+    return Adapter(spec, config.model_type, {p: (params[p + A_KEY], params[p + B_KEY]) for p in paths},
+                   fused_parts(config))
 
 
 def lora_train_step(config, weights: dict[str, np.ndarray], device, **kw) -> "LoraHooks":
@@ -96,6 +98,14 @@ class LoraHooks:
         self.spec, self.rank, self.scale = spec, spec.rank, spec.scale
         self.shapes = adapter_shapes(config, spec)
         self.modules = target_modules(config, spec.targets)  # path -> (layer, part)
+        # a fused module's pair (Phi-3's): our projection's weight name -> (its path, role), the
+        # part's roles and each one's rows of B and gains (`adapters.fused_parts`)
+        self._fused, self._rows, self._dys = {}, {}, {}
+        fused, parts, mt = fused_parts(config), lora_parts(config.model_type), config.model_type
+        for path, (i, part) in self.modules.items():
+            for r in parts[part][1] if len(parts[part][1]) > 1 else ():
+                self._fused[f"{layer_prefix(mt, i)}{layer_modules(mt)[r]}.weight"] = (path, r)
+                self._rows.setdefault(part, {})[r] = fused[layer_modules(mt)[r]][1:]
         self.seed, self._at, self._masks = int(seed), (0, 0, 0), None
         lay = lora_layout(config, spec)
         super().__init__(config, weights, device, seq_len=seq_len, pipeline=pipeline, lora=lay, packed=packed)
@@ -170,6 +180,11 @@ class LoraHooks:
         for path, (i, part) in self.modules.items():
             a, sb = per_layer[i]
             a[part], b = self.adapter[path + A_KEY], F32(self.scale) * self.adapter[path + B_KEY]
+            if part in self._rows:  # Phi-3: each projection's rows of the fused B, with their gains
+                for r, (idx, gain) in self._rows[part].items():
+                    (role,) = self.bank.family.part_roles[r]
+                    sb[role] = b[idx] if gain is None else b[idx] * gain[:, None]
+                continue
             roles = self.bank.family.part_roles[part]
             rows = np.cumsum([0] + [len(b) // len(roles)] * len(roles))
             for role, lo, hi in zip(roles, rows[:-1], rows[1:]):  # c_attn: q, k, v rows
@@ -184,6 +199,8 @@ class LoraHooks:
     def _dw(self, jobs: dict, name: str, dy: np.ndarray, x: np.ndarray) -> None:
         """The adapter gradients of projection `name` (a base weight gets none)."""
         path = name[: -len(".weight")]
+        if name in self._fused:
+            return self._fused_dw(jobs, name, dy, x)
         if path not in self.modules:
             return
         a, b, s = self.adapter[path + A_KEY], self.adapter[path + B_KEY], F32(self.scale)
@@ -191,6 +208,32 @@ class LoraHooks:
         x_in = (lambda: x) if d is None else (lambda: x * d)  # the adapter's input: x̃ = x·d
         jobs[path + B_KEY] = self._pool.submit(lambda: s * ops.dw(dy, a @ x_in()))   # s·dy·(A x̃)ᵀ
         jobs[path + A_KEY] = self._pool.submit(lambda: s * ops.dw(b.T @ dy, x_in()))  # s·(Bᵀdy)·x̃ᵀ
+
+    def _fused_dw(self, jobs: dict, name: str, dy: np.ndarray, x: np.ndarray) -> None:
+        """A fused module's gradients once each of its projections has its dy (they share x):
+        with our rows' B' = B[rows]·gain and dy stacked alike, dB[rows] = gain·s·dy·(A x)ᵀ and
+        dA = s·(B'ᵀ dy)·xᵀ, the sum over the parts of the shared A's gradient."""
+        path, role = self._fused[name]
+        got = self._dys.setdefault(path, {})
+        got[role] = dy
+        rows = self._rows[self.modules[path][1]]
+        if len(got) < len(rows):
+            return
+        del self._dys[path]
+        idx = np.concatenate([rows[r][0] for r in rows])
+        gain = np.concatenate([np.ones(len(rows[r][0]), F32) if rows[r][1] is None else rows[r][1] for r in rows])
+        dy_all = np.concatenate([got[r] for r in rows])
+        a, s, d = self.adapter[path + A_KEY], F32(self.scale), None if self._masks is None else self._masks[path]
+        b = self.adapter[path + B_KEY][idx] * gain[:, None]
+        x_in = (lambda: x) if d is None else (lambda: x * d)
+
+        def db():
+            out = np.empty_like(self.adapter[path + B_KEY])
+            out[idx] = gain[:, None] * (s * ops.dw(dy_all, a @ x_in()))
+            return out
+
+        jobs[path + B_KEY] = self._pool.submit(db)
+        jobs[path + A_KEY] = self._pool.submit(lambda: s * ops.dw(b.T @ dy_all, x_in()))
 
     def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
         return  # the embedding is frozen

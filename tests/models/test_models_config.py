@@ -43,7 +43,7 @@ def test_to_dict_is_read_back_by_transformers_and_by_us(tmp_path, config):
 
 
 @pytest.mark.parametrize("d, message", [
-    ({"model_type": "bert"}, r"unsupported model_type 'bert' in config: expected one of gemma3_text, gpt2, llama, mistral, qwen2, qwen3, smollm3"),
+    ({"model_type": "bert"}, r"unsupported model_type 'bert' in config: expected one of gemma3_text, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3"),
     ({"hidden_size": 8}, r"unsupported model_type None"),
     ({"model_type": "llama", "hidden_size": 30, "num_attention_heads": 4},
      r"hidden_size \(30\) must be divisible by num_attention_heads \(4\)"),

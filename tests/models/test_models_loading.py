@@ -53,7 +53,7 @@ def test_unsupported_model_type(tmp_path, llama_dir):
     d = copy_folder(llama_dir, tmp_path / "m")
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
-    expected = r"unsupported model_type 'mamba' in .*config.json: expected one of gemma3_text, gpt2, llama, mistral, qwen2, qwen3, smollm3"
+    expected = r"unsupported model_type 'mamba' in .*config.json: expected one of gemma3_text, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3"
     with pytest.raises(ConfigError, match=expected):
         load_model(d)
 

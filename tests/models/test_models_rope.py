@@ -63,7 +63,7 @@ def test_the_table_holds_every_hf_type_it_names():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     assert set(ROPE_TYPES) - {"default", "none"} <= set(ROPE_INIT_FUNCTIONS)  # none: a NoPE layer's own
-    assert set(RUNNABLE) == set(ROPE_TYPES) - {"longrope", "none"}  # longrope: Phi-3's, not run yet
+    assert set(RUNNABLE) == set(ROPE_TYPES) - {"longrope", "none"}  # longrope: only Phi-3 runs it (its own types)
 
 
 def test_the_config_completes_parameters_as_hf_does():
