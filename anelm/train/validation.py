@@ -44,7 +44,7 @@ class Validation:
         for b in self.batches:
             n = int((b.y != IGNORE).sum())
             if n:
-                total += dev.loss(b.x, b.y, **({"positions": b.positions} if b.positions is not None else {})) * n
+                total += dev.loss(b.x, b.y, positions=b.positions) * n
                 count += n
         total, count = self.sync.mean(total), self.sync.mean(count)  # the ratio of the sums
         return total / count if count else float("nan")
