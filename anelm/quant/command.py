@@ -147,8 +147,9 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
               "file_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
               "source_file_bytes": _stored_bytes(Path(model))}
     report["file_breakdown"] = folder_breakdown(folder)
-    report["predicted_decode_tokens_per_s"] = {"chip": DEFAULT_CHIP, "source": predicted_decode(config, weights),
-                                               "quantized": predicted_decode(qconfig, qweights, plan)}
+    (src, src_ms), (got, got_ms) = predicted_decode(config, weights), predicted_decode(qconfig, qweights, plan)
+    report["predicted_decode_tokens_per_s"] = {"chip": DEFAULT_CHIP, "source": src, "quantized": got,
+                                               "weight_read_ms": {"source": src_ms, "quantized": got_ms}}
     if scheme == "w4":
         qc = json.loads((folder / "config.json").read_text())["quantization_config"]
         report.update(block_size=block_size, blocks=qc["blocks"])  # where the blocks came from
@@ -207,8 +208,9 @@ def summary(r: dict) -> str:
             f"(x{r['ppl_ratio']:.4f}) on {r['eval_tokens']} held-out tokens; weights "
             f"{r['source_bytes'] / 2**20:.1f} MiB -> {r['quantized_bytes'] / 2**20:.1f} MiB"
             + (f" (folder {r['file_bytes'] / 2**20:.1f} MiB)" if "file_bytes" in r else "")
-            + (f"; predicted decode on {speed['chip']}: {speed['source']:.0f} -> {speed['quantized']:.0f} tokens/s"
-               if speed else "")
+            + (f"; predicted decode on {speed['chip']}: {speed['source']:.0f} -> {speed['quantized']:.0f} tokens/s "
+               f"(weight reads {speed['weight_read_ms']['source']:.2f} -> {speed['weight_read_ms']['quantized']:.2f} "
+               "ms a token)" if speed else "")
             + (f"; largest calibrated activation {r['max_activation']:.1f}" if r.get("max_activation") else ""))
 
 

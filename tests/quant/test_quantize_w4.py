@@ -51,6 +51,7 @@ def test_folder_layout_and_report(tiny):
     assert abs(rep["ppl_ratio"] - 1) < 0.05
     speed = rep["predicted_decode_tokens_per_s"]
     assert speed["chip"] == "m4" and speed["quantized"] >= speed["source"] > 0
+    assert speed["weight_read_ms"]["quantized"] < 0.5 * speed["weight_read_ms"]["source"]
     # the reader's float32 weights are the blocks dequantized
     config, weights, _ = load_model(q)
     bq = weights.quant.blocks[name]
@@ -156,3 +157,29 @@ def test_requantizing_a_q4_1_grid_gives_it_back():
     bq = quantize_blocks(w, 32)
     assert np.array_equal(bq.data, q.astype(np.uint8))
     assert isinstance(bq, BlockQuant) and np.abs(bq.dense() - w).max() <= np.abs(w).max() * 2.0 ** -9
+
+
+def test_the_cost_annotation_counts_the_4bit_bytes(tiny):
+    """A decode program's weight bytes (what an evaluation reads) count the 4-bit data at half a
+    byte a weight, so W4's are under half the fp16 program's; the packed data const is its blob's
+    payload size."""
+    from anelm.chip.profile import STRICT
+    from anelm.compiler.pipeline import compile_graph
+    from anelm.kernels.decode import decode_layer
+    from anelm.kernels.int8 import plan_layer
+    from anelm.kernels.layers import layer_params, layer_shape
+    from anelm.models.names import layer_weights
+
+    config, weights, _ = load_model(tiny[2])
+    s = layer_shape(config)
+    raw = layer_weights(config, weights, 0)
+    cost = {}
+    for kind, p in (("fp16", layer_params(s, raw)), ("w4", plan_layer(weights.quant, 0, s, raw))):
+        graph = decode_layer(s, p, 32, s.family.rotary, columns=16)
+        art = compile_graph(graph, STRICT)
+        cost[kind] = art.meta["cost"]["weight_bytes"]
+        if kind == "w4":
+            data = next(n for n in graph.nodes if n.is_const and n.name == "o_proj_w4_data")
+            assert data.out.type.dtype == "uint4" and data.out.type.nbytes == 64 * 64 // 2
+    linears = sum(int(np.prod(b.shape)) for b in weights.quant.layer_blocks(0).values())
+    assert cost["fp16"] - cost["w4"] >= linears * (2 - 0.5 - 4 / BLOCK) * 0.9  # fp16 -> 4 bits + scale, offset

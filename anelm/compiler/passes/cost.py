@@ -6,7 +6,10 @@
     ops              [[unit, flops, operand_bytes], ...]: the conv/matmul arithmetic grouped by
                      the bytes its operands hold on chip (a conv's weight; both matmul operands),
                      which is what a chip's working-set threshold is compared with
-    weight_bytes     bytes of the consts as stored (int8 blobs at one byte an element)
+    weight_bytes     bytes of the consts as stored, what one evaluation reads of them: int8 blobs
+                     at one byte an element, 4-bit blocks (constexpr_blockwise_shift_scale) at
+                     half a byte plus their fp16 scales and offsets; the dense weight a constexpr
+                     op makes is not counted again (validate.resident_weight_bytes)
     io_bytes         bytes of the packed input and output tensors (what crosses DRAM at least once)
     working_set_bytes   the sram_estimate figure: weights + the largest live activation set
     vector_elements  {"elementwise", "transcendental", "softmax", "reduce", "move"}: elements
@@ -102,7 +105,9 @@ def flops_by_unit(graph: Graph) -> dict[str, int]:
 
 def _operand_bytes(n: Node) -> int:
     """Bytes an op keeps on chip: a conv streams its activation past its weight; a matmul
-    holds both operands (in the dynamic pipeline the weight is one of them)."""
+    holds both operands (in the dynamic pipeline the weight is one of them). A constexpr
+    weight counts dense (fp16): no source says the chip keeps 4-bit or int8 weights packed in
+    its working set, only that it reads them packed."""
     if n.op == "conv":
         return n.inputs["weight"].type.nbytes
     return n.inputs["x"].type.nbytes + n.inputs["y"].type.nbytes
