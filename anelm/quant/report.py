@@ -43,10 +43,9 @@ def predicted_decode(config, weights: dict, plan=None, chip_key: str = DEFAULT_C
     params = plan_layer(plan, 0, s, raw) if plan is not None else layer_params(s, raw)
     art = compile_graph(decode_layer(s, params, tier, s.family.rotary, columns=STRICT.spatial_multiple_of), STRICT)
     k = KernelCost.of(art)
-    vd = config.vocab_size * config.hidden_size  # the head: an fp16 matvec on the CPU
-    head = max(2 * vd / chip.cpu_sgemm_flops, 2 * vd / chip.cpu_dram_bytes_per_s)
-    t = eval_time(k, chip)
-    return 1.0 / (n * (t.total_s + host_io_time(k, chip)) + head), n * k.weight_bytes / chip.ane_bytes_per_s * 1e3
+    head = 2 * config.vocab_size * config.hidden_size / min(chip.cpu_sgemm_flops, chip.cpu_dram_bytes_per_s)  # fp16 on the CPU
+    secs = n * (eval_time(k, chip).total_s + host_io_time(k, chip)) + head
+    return 1.0 / secs, n * k.weight_bytes / chip.ane_bytes_per_s * 1e3
 
 
 def folder_breakdown(folder: Path) -> dict[str, int]:
@@ -59,12 +58,9 @@ def folder_breakdown(folder: Path) -> dict[str, int]:
             continue
         with open(f, "rb") as fh:
             header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
-        for k, t in header.items():
-            if k == "__metadata__":
-                continue
-            size = t["data_offsets"][1] - t["data_offsets"][0]
-            kind = {"I8": "quantized weights", "U8": "quantized weights", "F16": "scales and offsets"}
-            out[kind.get(t["dtype"], "float32 tensors")] += size
+        kind = {"I8": "quantized weights", "U8": "quantized weights", "F16": "scales and offsets"}
+        for t in (t for k, t in header.items() if k != "__metadata__"):
+            out[kind.get(t["dtype"], "float32 tensors")] += t["data_offsets"][1] - t["data_offsets"][0]
     return out
 
 
@@ -72,11 +68,15 @@ def larger_note(r: dict) -> str | None:
     """The line that says why the folder is larger than its source, when it is."""
     if r["file_bytes"] <= r.get("source_file_bytes", r["file_bytes"]):
         return None
-    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
-    parts = ", ".join(f"{k} {mib(v)}" for k, v in (r.get("file_breakdown") or {}).items() if v)
-    why = ("the source stores fewer than 8 bits a weight (a 4-bit GGUF, say), the folder int8 weights "
-           "(and its norms and embedding in float32)") if r["scheme"] != "w4" else \
-        ("the source packs its blocks tighter than one fp16 scale and offset per block, or keeps its "
-         "tokenizer inside the file")
+    mib, b = (lambda n: f"{n / 2**20:.1f} MiB"), r.get("file_breakdown") or {}  # noqa: E731
+    parts, tensors = ", ".join(f"{k} {mib(v)}" for k, v in b.items() if v), sum(b.values()) - b.get("other files", 0)
+    if r["scheme"] != "w4":
+        why = ("the source stores fewer than 8 bits a weight (a 4-bit GGUF, say), the folder int8 weights "
+               "(and its norms and embedding in float32)")
+    elif b and tensors <= r["source_file_bytes"]:  # SmolLM2's Q4_1 GGUF: the same blocks, byte for byte
+        why = (f"its tensors take {mib(tensors)}, no more than the source's whole file; the rest is the tokenizer "
+               f"and config files ({mib(b['other files'])}), which a GGUF keeps packed in its header")
+    else:
+        why = "the source packs its weights tighter than 4-bit blocks with an fp16 scale and offset each"
     return (f"anelm: note: the folder takes {r['file_bytes'] / 2**20:.0f} MiB on disk, more than its source's "
             f"{r['source_file_bytes'] / 2**20:.0f} MiB: {why}" + (f" ({parts})" if parts else ""))

@@ -183,3 +183,21 @@ def test_the_cost_annotation_counts_the_4bit_bytes(tiny):
             assert data.out.type.dtype == "uint4" and data.out.type.nbytes == 64 * 64 // 2
     linears = sum(int(np.prod(b.shape)) for b in weights.quant.layer_blocks(0).values())
     assert cost["fp16"] - cost["w4"] >= linears * (2 - 0.5 - 4 / BLOCK) * 0.9  # fp16 -> 4 bits + scale, offset
+
+
+def test_a_w4_folder_larger_than_its_gguf_says_why(capsys):
+    """SmolLM2's Q4_1 GGUF (98.4 MB) -> its W4 folder (100.2 MB, as measured): the same blocks,
+    plus a tokenizer.json that the GGUF keeps packed in its header."""
+    from anelm.quant.command import print_summary
+
+    report = {"scheme": "w4", "source_ppl": 27.4247, "quantized_ppl": 27.4103, "ppl_ratio": 0.9995, "eval_tokens": 128,
+              "source_bytes": 269030016, "quantized_bytes": 123048576, "max_activation": None,
+              "file_bytes": 100178026, "source_file_bytes": 98362432,
+              "file_breakdown": {"quantized weights": 81395712, "scales and offsets": 15040512,
+                                 "float32 tensors": 140544, "other files": 3524338},
+              "predicted_decode_tokens_per_s": {"chip": "m4", "source": 35.3, "quantized": 35.3,
+                                                "weight_read_ms": {"source": 1.85, "quantized": 0.58}}}
+    print_summary(report)
+    err = capsys.readouterr().err
+    assert "predicted decode on m4: 35 -> 35 tokens/s (weight reads 1.85 -> 0.58 ms a token)" in err
+    assert "its tensors take 92.1 MiB" in err and "tokenizer" in err and "(3.4 MiB)" in err
