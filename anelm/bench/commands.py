@@ -85,22 +85,22 @@ def sram(chip: str, chips: list[str], measure: bool, repeat: int, **_):
     return {"chip": chip, "working_set_threshold_bytes": thresholds, "sweep": rows}, lines, png
 
 
-def _spec(preset: str, seq_len, batch, accum, pipeline) -> StepSpec:
+def _spec(preset: str, seq_len, batch, accum, pipeline, head_on: str = "auto") -> StepSpec:
     from ..train.presets import TRAIN_DEFAULTS, get_preset
 
     cfg, d = get_preset(preset), TRAIN_DEFAULTS.get(preset, {})
     seq = seq_len or d.get("seq_len", 256)
     if seq > cfg["max_position_embeddings"]:
         raise UsageError(f"--seq-len {seq}: expected at most the preset's context {cfg['max_position_embeddings']}")
-    return StepSpec(cfg, seq, batch or d.get("batch_size", 8), accum or 1, pipeline)
+    return StepSpec(cfg, seq, batch or d.get("batch_size", 8), accum or 1, pipeline, head_on=head_on)
 
 
 def train(chip: str, preset: str | None, pipeline: str, measure: bool, repeat: int,
-          seq_len=None, batch_size=None, grad_accum=None, **_):
+          seq_len=None, batch_size=None, grad_accum=None, head_on="auto", **_):
     preset = preset or "tiny"
-    spec = _spec(preset, seq_len, batch_size, grad_accum, pipeline)
+    spec = _spec(preset, seq_len, batch_size, grad_accum, pipeline, head_on)
     r = predict_step(spec, get_chip(chip))
-    out = {"chip": chip, "preset": preset, "pipeline": pipeline, "seq_len": spec.seq_len,
+    out = {"chip": chip, "preset": preset, "pipeline": pipeline, "head_on": r["head_on"], "seq_len": spec.seq_len,
            "batch_size": spec.batch, "grad_accum": spec.accum, "predicted_step_ms": r["predicted_step_ms"],
            "predicted_breakdown": r["predicted_breakdown"], "predicted_dispatch_ms": r["predicted_dispatch_ms"],
            "predicted_dw_ms": r["predicted_dw_ms"], "emulator_step_ms": None, "measured_step_ms": None}
@@ -111,7 +111,7 @@ def train(chip: str, preset: str | None, pipeline: str, measure: bool, repeat: i
         t = time_train_step(spec.config, dev, spec.seq_len, spec.batch, pipeline, repeat).scaled(spec.accum * 1e3)
         out[f"{_measured_key(dev)}_step_ms"] = t.wall  # forward + backward; the update is not timed
         out.update(_cpu_figures(dev, step_ms=t.cpu))
-    lines = [f"{preset} ({pipeline}, {spec.batch}x{spec.seq_len} tokens, accum {spec.accum}) on "
+    lines = [f"{preset} ({pipeline}, head on {r['head_on']}, {spec.batch}x{spec.seq_len} tokens, accum {spec.accum}) on "
              f"{get_chip(chip).name}: predicted {r['predicted_step_ms']:.1f} ms/step"]
     lines += [f"  {k:<20s} {v:9.2f} ms" for k, v in r["predicted_breakdown"].items()]
     for key in ("emulator_step_ms", "measured_step_ms"):

@@ -25,7 +25,8 @@ def dry_run(explicit: dict) -> int:
     else:
         cfg, defaults = get_preset(preset), TRAIN_DEFAULTS.get(preset, {})
     s = TrainSettings.merge(explicit, None, defaults).resolved()
-    spec = StepSpec(cfg, s.seq_len, s.batch_size, s.grad_accum, s.pipeline)
+    # `--head-on auto` as the model resolves it for each chip (train/placement.py)
+    spec = StepSpec(cfg, s.seq_len, s.batch_size, s.grad_accum, s.pipeline, head_on=s.head_on)
     print(f"anelm: dry run: {explicit.get('init_from') or preset}, {s.batch_size}x{s.seq_len} tokens "
           f"x{s.grad_accum} accum, {s.pipeline} pipeline, {s.steps} steps", file=sys.stderr)
     for key in chip_names():

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from ..models.names import has_head_norms
 from ..train.cpu_ops import matmul_flops
+from ..train.placement import fastest_head, head_seconds
 from . import orion
 from ..chip.catalog import RMSNORM_BYTES_PER_ELEMENT, Chip
 from ..chip.cost import IO_BYTES, eval_time
@@ -59,13 +60,15 @@ class StepSpec:
     qk_norm: bool | None = None          # None: from the config (Qwen3 has q/k norms)
     count_recompile: bool = True         # static: charge the per-update recompiles to the step
     # CPU work that differs between programs (ours: all True; maderix: RoPE forward in the
-    # kernel, no clamps, dW accumulated by the sgemm itself; its static pipeline and Orion: no
+    # kernel, no clamps; its static pipeline and Orion: no
     # RoPE at all, the forward norms and the SwiGLU backward inside the programs)
     kernels: str = "anelm"               # "maderix": its ten dynamic programs (bench/maderix.py);
                                          # "static-reference": the six baked ones (maderix_static.py)
     cpu_rope_forward: bool = True
     clamp_inputs: bool = True
-    accumulate_pass: bool = True
+    # a separate pass adding each micro-batch's gradients to the accumulator; anelm's trainer,
+    # like maderix's, accumulates inside the dW sgemm (β = 1, train/gemm.py) and has none
+    accumulate_pass: bool = False
     rope: bool = True                    # False: the program has no rotary embedding anywhere
     cpu_norm_forward: bool = True
     cpu_swiglu_backward: bool = True
@@ -76,6 +79,9 @@ class StepSpec:
     scalar_cross_entropy: bool = False
     classifier_dw_on_main: bool = False
     zero_and_scale_grads: bool = False
+    # where the classifier and its loss run (train/placement.py: "cpu", "ane" in vocabulary
+    # tiles, or "auto", the one predicted faster on the chip); the references' run on the CPU
+    head_on: str = "cpu"
 
     @property
     def dims(self):
@@ -145,11 +151,13 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     other_fwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.cpu_rope_forward and spec.rope else 0)
                               + (8 * (2 * m.d + qkv) if spec.clamp_inputs else 0) + (12 * qkv if qk else 0)) / vec
     other_bwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.rope else 0) + (20 * qkv if qk else 0)) / vec
-    # final norm and embedding gather as bytes; the cross-entropy's softmax over the vocabulary
-    # as the chip's CPU softmax per element, or a scalar cross-entropy's measured cost
-    head_vec = (RMSNORM_BYTES_PER_ELEMENT * m.d + 16 * m.d) * n / vec + vocab * n * _cross_entropy_s(spec, chip)
-    classifier_dw = matmul_flops(vocab, m.d, n) / chip.cpu_sgemm_flops
-    classifier = 2 * matmul_flops(vocab, m.d, n) / chip.cpu_sgemm_flops + head_vec
+    # final norm and embedding gather as bytes; the classifier where it runs (train/placement.py:
+    # on the CPU its cross-entropy is the chip's CPU softmax per logit, or a scalar one's cost)
+    ce = _cross_entropy_s(spec, chip)
+    place = spec.head_on if spec.head_on != "auto" else fastest_head(vocab, m.d, m.s, spec.batch, spec.accum, chip, ce)
+    head = head_seconds(place, vocab, m.d, m.s, spec.batch, chip, ce)
+    classifier_dw = head["dw"]
+    classifier = head["main"] + (RMSNORM_BYTES_PER_ELEMENT * m.d + 16 * m.d) * n / vec
     dw = layers * (matmul_flops(m.d, n, 2 * m.q + 2 * m.kv) + matmul_flops(m.d, n, 3 * m.f)) / chip.cpu_sgemm_flops
     if spec.classifier_dw_on_main:
         classifier += classifier_dw
@@ -161,9 +169,9 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     accumulate = ACCUMULATE_BYTES * p * (spec.accum - 1) if spec.accumulate_pass else 0
     grad_passes = ZERO_AND_SCALE_BYTES * p if spec.zero_and_scale_grads else 0
     optimizer = (ADAMW_BYTES * p + accumulate + grad_passes) / vec
-    restage = recompile = 0.0
+    restage, recompile = head["restage"], 0.0  # the head's tiles are data in either pipeline
     if spec.pipeline == "dynamic":
-        restage = layers * sum(k.pop("_weights") for k in kernels) * IO_BYTES / vec
+        restage += layers * sum(k.pop("_weights") for k in kernels) * IO_BYTES / vec
     else:
         weighted = sum(1 for k in kernels if k.pop("_weights"))
         recompile = weighted * layers * chip.compile_s if spec.count_recompile else 0.0
@@ -177,7 +185,7 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     step_ms = sum(parts.values())
     for k in kernels:
         k["share"] = k["eval_ms"] * k["evaluations"] * a / step_ms
-    return {"chip": chip.key, "predicted_step_ms": step_ms, "predicted_breakdown": parts,
+    return {"chip": chip.key, "head_on": place, "predicted_step_ms": step_ms, "predicted_breakdown": parts,
             "predicted_dispatch_ms": chip.dispatch_s * 1e3 * len(kernels) * evals * a,
             "predicted_dw_ms": dw * 1e3 * a, "predicted_device_flops": sum(
                 k["flops"] for k in kernels) * evals * a, "kernels": kernels}

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..models import layers
 from ..models.names import has_head_norms
+from .gemm import dw_into
 
 F32 = np.float32
 FP16_MAX = 65504.0
@@ -257,11 +258,12 @@ HEAD_CHUNK = 1 << 23  # logits per chunk of `head_loss`: 32 MiB of float32
 
 
 def head_loss(head: np.ndarray, xf: np.ndarray, targets: np.ndarray, scale: float = 1.0,
-              want_dw: bool = True, count: int | None = None
-              ) -> tuple[float, np.ndarray, Callable[[], np.ndarray] | None]:
+              want_dw: bool = True, count: int | None = None, out: np.ndarray | None = None,
+              add: bool = False) -> tuple[float, np.ndarray, Callable[[], np.ndarray] | None]:
     """The classifier and the mean cross-entropy over the counted positions (`count`, as
     `cross_entropy`): head W `[V, D]`, xf `[D, N]`, targets `[N]` -> (loss, dxf `[D, N]`, a call
     giving dW `[V, D]`, or None without `want_dw`), each gradient times `scale` (the loss scale).
+    `out`: dW is written into it (`add` False) or added to it by the GEMM (`gemm.dw_into`).
 
     Past HEAD_CHUNK logits (Gemma 3: 262,144 × N floats, 1 GiB at N = 1024) it runs in chunks
     of positions, so the logits and their gradient never exist whole, and dW accumulates chunk
@@ -273,16 +275,17 @@ def head_loss(head: np.ndarray, xf: np.ndarray, targets: np.ndarray, scale: floa
     count = int((t != IGNORE).sum()) if count is None else count
     if step >= n:
         loss, dlog = cross_entropy(classifier_fwd(head, xf), t, scale, count)
-        return loss, head.T @ dlog, (lambda: dw(dlog, xf)) if want_dw else None
+        dw_call = (lambda: dw(dlog, xf)) if out is None else (lambda: dw_into(out, dlog, xf, add))
+        return loss, head.T @ dlog, dw_call if want_dw else None
     loss, dxf = 0.0, np.empty_like(xf)
-    acc = np.zeros_like(head) if want_dw else None
+    acc = (np.zeros_like(head) if out is None else out) if want_dw else None
     for lo in range(0, n, step):
         cols = slice(lo, min(n, lo + step))
         part, dlog = cross_entropy(classifier_fwd(head, xf[:, cols]), t[cols], scale, count)
         loss += part
         dxf[:, cols] = head.T @ dlog
         if acc is not None:
-            dw(dlog, xf[:, cols], out=acc)
+            dw_into(acc, dlog, xf[:, cols], add or lo > 0 or out is None)
     return loss, dxf, (lambda: acc) if want_dw else None
 
 

@@ -42,6 +42,7 @@ from .errors import CheckpointError, TrainError
 from .distributed import SOLO, check_world
 from .metrics import MetricsLog, NullLog, Progress, plot_loss
 from .optim import AdamW, accumulate_, adamw_flops, update_scale, zero_, zeros_like
+from .placement import resolve_head
 from .run import RunSetup
 from .scaler import make_scaler, scaler_from_state
 from .schedule import CosineSchedule
@@ -100,8 +101,12 @@ class Trainer:
         self.log = MetricsLog(setup.run, resume_step=self.step) if sync.is_main else NullLog()
         self.progress_enabled = progress if sync.is_main else False
         self.packed = self.examples and a.pack  # several examples per sequence: per-example attention
-        self.dev = step_factory(setup.model_config, self.params, device, seq_len=a.seq_len, pipeline=a.pipeline,
-                                **({"packed": True} if self.packed else {}))
+        cfg = setup.model_config  # the classifier's place: `auto` resolved for this device (placement.py)
+        self.head_on = resolve_head(a.head_on, device, cfg.vocab_size, cfg.hidden_size, a.seq_len, a.batch_size,
+                                    a.grad_accum)
+        self.dev = step_factory(cfg, self.params, device, seq_len=a.seq_len, pipeline=a.pipeline,
+                                **({"packed": True} if self.packed else {}),
+                                **({"head_on": self.head_on} if self.head_on != "cpu" else {}))
         self.device_name = getattr(device, "name", str(device))
         self.last_eval: float | None = None
         self.weights_stale = False  # set_weights hit the compile budget: the device is behind
@@ -234,7 +239,8 @@ class Trainer:
         a, t0, sync = self.a, time.perf_counter(), self.sync
         lr, scale = self.schedule(self.step), self.scaler.scale
         loss_sum, stats_sum, grads, sink = 0.0, {}, None, None
-        if self.acc is not None:
+        fused = getattr(self.dev, "accumulates_in_place", False)  # else: zeroed, then one add per micro-batch
+        if self.acc is not None and not fused:
             zero_(self.acc)
         batches = [self.batcher.draw() for _ in range(a.grad_accum)]
         # each micro-batch's loss sums its counted targets over the step's share per micro-batch
@@ -247,17 +253,19 @@ class Trainer:
             batch = batches[k]
             # the ranks' gradients are summed once per step, on the last micro-batch
             sink = sync.reducer(self.acc) if k == a.grad_accum - 1 else None
+            # accumulated by the dW GEMMs themselves: the first micro-batch writes the buffers
+            into = {"into": self.acc, "add": k > 0} if self.acc is not None and sink is None and fused else {}
             loss, grads, stats = self.dev.loss_and_grads(
                 batch.x, batch.y, loss_scale=scale, **({"sink": sink} if sink is not None else {}),
-                **self._counting(batch, count))
+                **self._counting(batch, count), **into)
             if not math.isfinite(loss) and sync.world == 1:
                 raise self._diverged(loss, "training", self.step + 1)
             loss_sum += loss
             for key, v in stats.items():
                 stats_sum[key] = stats_sum.get(key, 0) + v
-            if self.acc is not None and sink is None:
+            if self.acc is not None and sink is None and not fused:
                 accumulate_(self.acc, grads)
-        if self.acc is not None and sink is None:
+        if self.acc is not None and sink is None and not fused:
             grads = self.acc
         loss = sync.mean(loss_sum / a.grad_accum)  # every rank decides divergence alike
         if not math.isfinite(loss):
@@ -275,7 +283,7 @@ class Trainer:
             **{k: round(float(stats_sum[k]), 6) for k in ("t_device", "t_cpu", "t_dw") if k in stats_sum},
             **{k: stats_sum[k] for k in ("allreduce_ms", "allreduce_wait_ms", "allreduce_bytes")
                if k in stats_sum},
-            t_step=round(dt, 6), compiles=compile_count())
+            t_step=round(dt, 6), compiles=compile_count(), head_on=self.head_on)
 
     def _apply(self, grads: dict, scale: float, lr: float) -> dict:
         """Scaler decision, unscale, clip, AdamW, weights to the device. Returns record extras."""

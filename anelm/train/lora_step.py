@@ -94,7 +94,8 @@ class LoraHooks:
     """The LoRA half of a step (module doc), over a full step class that it follows in the MRO."""
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int, spec: LoraSpec,
-                 adapter: dict[str, np.ndarray], pipeline: str = "dynamic", seed: int = 0, packed: bool = False):
+                 adapter: dict[str, np.ndarray], pipeline: str = "dynamic", seed: int = 0, packed: bool = False,
+                 head_on: str = "cpu"):
         self.spec, self.rank, self.scale = spec, spec.rank, spec.scale
         self.shapes = adapter_shapes(config, spec)
         self.modules = target_modules(config, spec.targets)  # path -> (layer, part)
@@ -108,7 +109,8 @@ class LoraHooks:
                 self._rows.setdefault(part, {})[r] = fused[layer_modules(mt)[r]][1:]
         self.seed, self._at, self._masks = int(seed), (0, 0, 0), None
         lay = lora_layout(config, spec)
-        super().__init__(config, weights, device, seq_len=seq_len, pipeline=pipeline, lora=lay, packed=packed)
+        super().__init__(config, weights, device, seq_len=seq_len, pipeline=pipeline, lora=lay, packed=packed,
+                         head_on=head_on)
         self._drops = self._dropout_blocks(lay)
         self.set_weights(adapter)
 

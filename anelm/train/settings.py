@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from ..errors import UsageError
 
 PIPELINES = ("dynamic", "static")
+HEAD_PLACES = ("auto", "ane", "cpu")  # train/placement.py
 
 
 def _f(default, help_: str, **kw):
@@ -55,6 +56,9 @@ class TrainSettings:
     seed: int = _f(0, "seed of the weight init and the batch order", kind="int")
     pipeline: str = _f("dynamic", "dynamic: weights as kernel inputs, compiled once; static: weights "
                                   "baked into the kernels, recompiled per update", choices=PIPELINES)
+    head_on: str = _f("auto", "where the classifier and its loss run: ane (vocabulary tiles on the device), cpu, "
+                              "or auto, the one the cost model predicts faster on the chip (the CPU on the emulator)",
+                      choices=HEAD_PLACES)
     sample_tokens: int = _f(64, "tokens of the sample printed at the end (0: none)", kind="nonneg")
     bpe_vocab_size: int | None = _f(None, "vocabulary of the BPE trained when no tokenizer is given "
                                           "(default: the preset's)", kind="positive")

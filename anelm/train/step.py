@@ -47,41 +47,23 @@ from ..models.layers import layer_inv_freqs, per_distinct, rope_full_width, rope
 from ..models.names import has_head_norms, layer_prefix, model_weight, weight_name
 from ..runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
 from . import cpu_ops as ops
+from .gemm import dw_into, fold_into
+from .step_arrays import check_weights as _check_weights, padded as _padded
+from .step_head import StepHead
 from .kernels_bank import DynamicBank
 from .pipeline_static import StaticBank
-from .presets import hf_weight_shapes
 
 F32 = np.float32
 PIPELINES = ("dynamic", "static")
 
 
-def _padded(a: np.ndarray, width: int) -> np.ndarray:
-    """[C, S] -> [C, width], zeros after the S columns."""
-    out = np.zeros((a.shape[0], width), F32)
-    out[:, :a.shape[1]] = a
-    return out
-
-
-def _check_weights(cfg, weights: dict) -> dict[str, np.ndarray]:
-    want = hf_weight_shapes(cfg.to_dict())
-    missing, extra = sorted(set(want) - set(weights)), sorted(set(weights) - set(want))
-    if missing or extra:
-        raise ShapeError(f"weights: expected the {len(want)} HF names of this config; "
-                         f"missing {missing[:4]}, unexpected {extra[:4]}")
-    out = {}
-    for name, shape in want.items():
-        w = np.asarray(weights[name], dtype=F32)
-        if w.shape != shape:
-            raise ShapeError(f"weight {name}: expected shape {list(shape)}, got {list(w.shape)}")
-        out[name] = w
-    return out
-
-
-class DeviceTrainStep:
+class DeviceTrainStep(StepHead):
     """Loss and every parameter gradient of a Llama/Qwen3 model, device + CPU (see module doc)."""
 
+    accumulates_in_place = True  # `loss_and_grads(into=)`: the trainer hands it its accumulator
+
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int,
-                 pipeline: str = "dynamic", lora=None, packed: bool = False):
+                 pipeline: str = "dynamic", lora=None, packed: bool = False, head_on: str = "cpu"):
         self._check_config(config)
         if pipeline not in PIPELINES:
             raise UsageError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
@@ -115,6 +97,8 @@ class DeviceTrainStep:
         # extra BLAS threads cost more than they give: measured 41 s vs 37 s for 30 tiny steps
         self._wide = self.dims.d * self.dims.s >= 1 << 16
         self._tables_cache: dict[int, tuple] = {}  # by batch size: the tables of unpacked batches
+        self._into, self._add = None, False
+        self._open_head(head_on, device)  # the classifier: on the CPU, or in tiles on the device
 
     @staticmethod
     def _check_config(config) -> None:
@@ -131,6 +115,8 @@ class DeviceTrainStep:
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         self.w = _check_weights(self.cfg, weights)
         self.bank.set_weights(self.w)
+        if self._dhead is not None:
+            self._dhead.set_weights(self._head())
 
     # ------------------------------------------------------------------ public steps
     def loss(self, x: np.ndarray, y: np.ndarray, positions: np.ndarray | None = None) -> float:
@@ -142,7 +128,8 @@ class DeviceTrainStep:
 
     def loss_and_grads(self, x: np.ndarray, y: np.ndarray, loss_scale: float = 1.0, sink=None, *,
                        positions: np.ndarray | None = None,
-                       count: float | None = None) -> tuple[float, dict[str, np.ndarray], dict]:
+                       count: float | None = None, into: dict | None = None,
+                       add: bool = False) -> tuple[float, dict[str, np.ndarray], dict]:
         """(unscaled loss, gradients × loss_scale by weight name, stats).
 
         The loss is the sum of the cross-entropies of the counted targets (y not `ops.IGNORE`)
@@ -152,9 +139,13 @@ class DeviceTrainStep:
         positions from 0; the attention stays inside each example (`kernels.attention.example_mask`).
         `sink` (data-parallel training, `dist_grads.GradReducer`) is offered each layer's
         gradients as soon as the backward has queued them, so it can start reducing them
-        while the rest of the backward runs; its `finish` gives the gradients returned."""
+        while the rest of the backward runs; its `finish` gives the gradients returned. `into`
+        (gradient accumulation): buffers by name that each gradient is written into (`add`
+        False) or added to, the dW products by the GEMM itself (`gemm.dw_into`); they are
+        the gradients returned."""
         t0 = time.perf_counter()
         self._begin(x, y, positions, count)
+        self._into, self._add = into, bool(add)
         ids, targets = np.asarray(x), np.asarray(y).reshape(-1)
         jobs: dict[str, Job] = {}
         with np.errstate(all="ignore"):  # inf/NaN under a too-large scale is a result, not an error
@@ -177,8 +168,12 @@ class DeviceTrainStep:
             t_wait = time.perf_counter() - t_wait
             grads.update({n: j.result() for n, j in jobs.items()})
             self._t["dw"] = sum(j.seconds for j in jobs.values())
+            if self._out(self.embed) is not None and self.embed not in grads:  # scattered into
+                grads[self.embed] = self._out(self.embed)
+                if not add:
+                    grads[self.embed].fill(0.0)
             self._embed_bwd(dy, ids, grads)
-            grads = {n: g for n, g in grads.items() if self._keep(n)}
+            grads = fold_into({n: g for n, g in grads.items() if self._keep(n)}, into, add)
             stats = {}
             if sink is not None:
                 grads = sink.finish(grads)
@@ -189,6 +184,8 @@ class DeviceTrainStep:
     def close(self) -> None:
         self._pool.close()
         self.bank.close()
+        if self._dhead is not None:
+            self._dhead.close()
         if self._blas is not None:
             self._blas.restore_original_limits()
             self._blas = None
@@ -253,21 +250,6 @@ class DeviceTrainStep:
         per_layer = ops.rope_flops(c, n) + (ops.rmsnorm_flops(c, n) if self.qk_norm else 0)
         return self.n_layers * per_layer
 
-    def _head_name(self) -> str:
-        """The classifier's weight: the head, or the embedding when the two are tied."""
-        return self.head if self.head in self.w else self.embed
-
-    def _head(self) -> np.ndarray:
-        return self.w[self._head_name()]
-
-    def _final_gain(self) -> np.ndarray:
-        """The final norm's gain as applied (its weight here; Gemma's is 1 + w)."""
-        return self.w[self.final_norm]
-
-    def _logits(self, xl: np.ndarray) -> np.ndarray:
-        xf = ops.rmsnorm_fwd(xl, self._final_gain(), self.cfg.rms_norm_eps)[0]
-        return ops.classifier_fwd(self._head(), xf)
-
     def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
         """Kernel `kind` of `layer` on each sequence; acts and results `[C, B·S]` float32. A
         packed step's attention kernels get each sequence's mask beside them."""
@@ -295,8 +277,13 @@ class DeviceTrainStep:
         return True
 
     def _dw(self, jobs: dict, name: str, dy: np.ndarray, x: np.ndarray) -> None:
-        """Queue dW = dy·xᵀ for weight `name` on the worker thread."""
-        jobs[name] = self._pool.submit(lambda: ops.dw(dy, x))
+        """Queue dW = dy·xᵀ for weight `name` on the worker thread (into its buffer, if any)."""
+        out, add = self._out(name), self._add
+        jobs[name] = self._pool.submit(lambda: ops.dw(dy, x) if out is None else dw_into(out, dy, x, add))
+
+    def _out(self, name: str) -> np.ndarray | None:
+        """The buffer gradient `name` accumulates in (`loss_and_grads(into=)`), or None."""
+        return None if self._into is None else self._into.get(name)
 
     def _name(self, layer: int, role: str) -> str:
         return weight_name(self.cfg.model_type, layer, role)
@@ -346,23 +333,6 @@ class DeviceTrainStep:
         c["x2n"] = clamp(x2n)
         c.update(self._dev("ffn_up", i, x2n=c["x2n"]))          # gate, h1, h3
         return c["x2"] + self._dev("ffn_down", i, gate=c["gate"])["f"], c
-
-    # ------------------------------------------------------------------ loss and head
-    def _loss_head(self, xl: np.ndarray, targets: np.ndarray, scale: float):
-        """Final norm, classifier, loss: (loss, dy into the last layer, {norm grad}, a call giving
-        the classifier's dW, or None when its gradient is not kept: `ops.head_loss`)."""
-        wn, head = self._final_gain(), self._head()
-        xf, rf = ops.rmsnorm_fwd(xl, wn, self.cfg.rms_norm_eps)
-        loss, dxf, head_dw = ops.head_loss(head, xf, targets, scale, self._keep(self._head_name()), self._count)
-        dy, dwn = ops.rmsnorm_bwd(dxf, xl, wn, rf)
-        return loss, dy, {self.final_norm: dwn}, head_dw
-
-    def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
-        """Scatter dy into the embedding grad (added to the classifier's when tied)."""
-        name = self.embed
-        if name not in grads:
-            grads[name] = np.zeros_like(self.w[name])
-        ops.embed_bwd(dy, ids.reshape(-1), grads[name])
 
     # ------------------------------------------------------------------ backward
     def _layer_bwd(self, i: int, dy: np.ndarray, c: dict, grads: dict, jobs: dict) -> np.ndarray:

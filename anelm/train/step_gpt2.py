@@ -93,7 +93,7 @@ class GPT2TrainStep(DeviceTrainStep):
     def _loss_head(self, xl, targets, scale):
         head = self._head()
         xf, saved = self._final(xl)
-        loss, dxf, head_dw = ops.head_loss(head, xf, targets, scale, self._keep(self._head_name()), self._count)
+        loss, dxf, head_dw = self._head_loss(head, xf, targets, scale)
         dy, dw, db = ops.layernorm_bwd(dxf, saved, self.w[self.final_norm])
         return loss, dy, {self.final_norm: dw, self.final_norm.removesuffix("weight") + "bias": db}, head_dw
 
