@@ -6,7 +6,9 @@ config class and saved as an HF folder and as the GGUF llama.cpp's converter wou
 - on the emulator under `strict`, greedy generation follows HF's argmax (CONTRACTS §6's tie rule)
   and `anelm perplexity` agrees (ratio within 2 %, argmax agreement >= 97 %), from each;
 - the texts pass what each family scales or windows: positions past YaRN's and Llama 3's
-  `original_max_position_embeddings` (16), past Mistral's window (8);
+  `original_max_position_embeddings` (16) and LongRoPE's (48: a generation passing it is judged
+  by HF's pass of each prefix, as HF's generation runs the sequence again there), past
+  Mistral's window (8);
 - `anelm quantize --scheme w8` runs on each.
 """
 
@@ -37,6 +39,8 @@ FAMILIES = {
     "llama": ("llama3", "llama", "llama-bpe", {}, True, True),  # Llama 3.x: q/k permuted, rope_freqs
     "mistral": ("mistral", "llama", "default", {"attention.sliding_window": 8}, True, False),
     "smollm3": ("smollm3", "smollm3", "llama-bpe", {}, True, False),  # NoPE on layer 4 (llama.cpp's constant)
+    # Phi-4-mini's shape: qkv and gate_up fused, 3/4 of each head rotated, LongRoPE past 48
+    "phi3": ("phi3", "phi3", "default", {}, False, False),
 }
 
 
@@ -79,7 +83,7 @@ def test_greedy_generation_on_the_emulator_follows_hf(world, source):
     config, weights, _ = load_model(paths[source])
     runner = build_runner(config, weights, Emulator(NOBUDGET), max_context=SEQ)
     # 12 prompt tokens, then to position 51: past the original context and the window
-    tokens, judged, wrong = hf_tiny.greedy_against_hf(runner, hf, ids[:12], 40)
+    tokens, judged, wrong = hf_tiny.greedy_against_hf(runner, hf, ids[:12], 40, config.rope_type == "longrope")
     assert not wrong, f"steps {wrong} of {tokens}"
     assert len(judged) >= 20, f"only {len(judged)} of 40 steps were decisive"
 
