@@ -26,7 +26,7 @@ context capped at 4096) gets P = 16, 1024 and D = 4096, 84 compiles at most (a m
 SmolLM2-135M (L = 30) gets the same sizes, 90 compiles at most (a margin of 25).
 
 |P| counts slots, not sizes: the largest bucket always holds one, and the others take a size of
-the ladder (16, 32, 64, ...) when a prompt first asks for it, so a one-shot generation's prompt
+the slot sizes (16, 32, 48, 64, 96, 128, ...: `slot_sizes`) when a prompt first asks for it, so a one-shot generation's prompt
 runs in the size that fits it best (SmolLM2 on the emulator: 32 tokens in 32 columns, 108 ms, not
 128 columns, 400 ms), and a server's are chosen for every prompt length (`serving_buckets`).
 Once the slots are taken, a prompt much shorter than its bucket may run a smaller bucket and
@@ -85,6 +85,14 @@ def ladder(lo: int, hi: int) -> list[int]:
     return sizes + [hi]
 
 
+def slot_sizes(lo: int, hi: int) -> list[int]:
+    """The sizes a prefill slot may take: the ladder and the points halfway up each of its
+    steps (1.5x), so a prompt pads by at most a third (a chat prompt of 35-40 tokens runs 48
+    columns, not 64)."""
+    steps = ladder(lo, hi)
+    return sorted(set(steps) | {s * 3 // 2 for s in steps if s * 3 // 2 < hi})
+
+
 def thin(sizes: list[int]) -> list[int]:
     """Drop the inner size whose neighbours are closest (ties: the larger one)."""
     if len(sizes) <= 1:
@@ -127,7 +135,8 @@ def plan_sizes(layers: int, context: int, budget: int, multiple: int = 1) -> Siz
     if slots < 2:
         raise DeviceError(f"a {layers}-layer model needs at least {2 * layers} compiles (a prefill and a "
                           f"decode program per layer); the compile budget allows {max(budget - RESERVE, 0)}")
-    prefill = every = ladder(min(PREFILL_MIN, context), min(PREFILL_MAX, context))
+    prefill = ladder(min(PREFILL_MIN, context), min(PREFILL_MAX, context))
+    every = slot_sizes(min(PREFILL_MIN, context), min(PREFILL_MAX, context))
     decode = ladder(min(DECODE_MIN, context), context)
     while len(prefill) + len(decode) > slots:
         # Thin the longer ladder, prefill on ties (decode tiers set the cost of every token), but
@@ -184,11 +193,13 @@ def resume_pays(n: int, held: int, plan: SizePlan, bound: Collection[int], secon
 
 def serving_buckets(plan: SizePlan, bound: Collection[int], seconds: Seconds) -> tuple[int, ...]:
     """Every prefill slot's bucket for a server (`DeviceRunner.warm` builds them all first):
-    those bound already and the largest, and in the free slots the ladder sizes that minimise
+    those bound already and the largest, and in the free slots the slot sizes that minimise
     the predicted first-token time of `choose_bucket`'s choice, averaged over prompt lengths
     1..context weighted 1/n (log-uniform: 10-20 tokens as likely as 100-200, the prior of a
     server that knows nothing of its prompts). SmolLM2 (3 slots per layer) at a context of
-    512 gets buckets (64, 512) on the emulator, and (128, 512) predicted on an M4."""
+    512 gets buckets (64, 512) on the emulator, and (128, 512) predicted on an M4. (A prior
+    from a chat template's least prompt, ~30 tokens, moves the emulator's to 192: prompts of
+    65-512 tokens then outweigh the short ones that most first turns are.)"""
     fixed = sorted(set(bound) | {plan.prefill[-1]})
     spare = [b for b in plan.sizes if b not in fixed]
     free = min(len(plan.prefill) - len(fixed), len(spare))

@@ -208,8 +208,7 @@ class DeviceRunner:
         return bucket
 
     def positions_to_reuse(self, n: int, held: int) -> int:
-        """Of a cache holding the first `held` positions of an n-token prompt, how many to keep:
-        all, or none when prefilling the prompt anew is predicted faster (`resume_pays`)."""
+        """Of `held` cached positions of an n-token prompt, how many to keep: all, or none (`resume_pays`)."""
         return held if held == 0 or resume_pays(n, held, self.plan, self.buckets, self.pass_seconds) else 0
 
     def pass_seconds(self, kind: str, size: int) -> float:

@@ -28,8 +28,9 @@ EMULATED = {16: 0.063, 32: 0.108, 64: 0.205, 128: 0.400, 256: 0.788, 512: 1.983,
 
 
 def emulator_like(kind: str, size: int) -> float:
-    """Seconds per pass as the emulator takes them for SmolLM2 (its buckets, and 22 ms a decode step)."""
-    return EMULATED[size] if kind == "prefill" else 0.022
+    """Seconds per pass as the emulator takes them for SmolLM2 (its buckets, between them as a
+    line, and 22 ms a decode step)."""
+    return float(np.interp(size, list(EMULATED), list(EMULATED.values()))) if kind == "prefill" else 0.022
 
 
 PREDICTED = {16: 0.0048, 32: 0.0049, 64: 0.0068, 128: 0.0126, 256: 0.0297, 512: 0.0868}  # SmolLM2 on an M4
@@ -37,7 +38,7 @@ PREDICTED = {16: 0.0048, 32: 0.0049, 64: 0.0068, 128: 0.0126, 256: 0.0297, 512: 
 
 def ane_like(kind: str, size: int) -> float:
     """Seconds per pass as an M4 is predicted (`anelm.chip.cost`): columns nearly free, 7.3 ms a decode step."""
-    return PREDICTED[size] if kind == "prefill" else 0.0073
+    return float(np.interp(size, list(PREDICTED), list(PREDICTED.values()))) if kind == "prefill" else 0.0073
 
 
 def test_the_largest_bucket_holds_when_a_decode_step_costs_more():
@@ -59,6 +60,10 @@ def test_free_slots_take_ladder_sizes_and_the_largest_stays():
 def test_serving_buckets_fill_the_free_slots():
     assert serving_buckets(PLAN, [], emulator_like) == (64, 512)
     assert serving_buckets(PLAN, [], ane_like) == (128, 512)
+    halfway = SizePlan(PLAN.prefill, PLAN.decode, PLAN.layers, PLAN.context, plan_sizes(30, 512, 119, 16).sizes)
+    assert halfway.sizes == (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # the ladder and 1.5x its steps
+    assert serving_buckets(halfway, [], emulator_like) == (64, 512)  # 49-64 tokens outweigh 48's gain
+    assert choose_bucket(37, halfway, [], emulator_like) == 48  # a one-shot prompt: its own size
     assert serving_buckets(PLAN, [32], emulator_like) == (32, 512)  # a bound slot stays bound
     gpt2 = plan_sizes(12, 1024, STRICT.compile_budget)  # 4 prefill slots: 3 free besides 1024
     chosen = serving_buckets(gpt2, [], emulator_like)
@@ -95,15 +100,15 @@ def test_a_smaller_bucket_and_decode_steps_give_the_buckets_logits(tiny, cold_co
     hf, config, weights = tiny
     ids = np.random.default_rng(7).integers(0, 96, 40).tolist()
     full, split = scarce_runner(config, weights), scarce_runner(config, weights)
-    assert full.plan.prefill == (16, 64) and full.plan.decode == (64,) and full.plan.sizes == (16, 32, 64)
-    full.pass_seconds = lambda kind, size: 1.0 if kind == "decode" else size * 1e-3  # steps dear: bucket 64
+    assert full.plan.prefill == (16, 64) and full.plan.decode == (64,) and full.plan.sizes == (16, 32, 48, 64)
+    full.pass_seconds = lambda kind, size: 1.0 if kind == "decode" else size * 1e-3  # steps dear: bucket 48
     split.pass_seconds = lambda kind, size: 1e-6 if kind == "decode" else size * 1e-3  # steps cheap: bucket 16
     before = compile_count()
     a = full.prefill(ids, full.new_cache())
     b = split.prefill(ids, split.new_cache())
-    assert full.buckets == [64] and split.buckets == [16]
-    assert {s for k, _, s in full.kernels if k == "prefill"} == {64} and {s for k, _, s in split.kernels} == {16, 64}
-    assert compile_count() - before == config.num_hidden_layers * 3  # bucket 64; bucket 16 and tier 64
+    assert full.buckets == [48] and split.buckets == [16]
+    assert {s for k, _, s in full.kernels if k == "prefill"} == {48} and {s for k, _, s in split.kernels} == {16, 64}
+    assert compile_count() - before == config.num_hidden_layers * 3  # bucket 48; bucket 16 and tier 64
     assert a.shape == b.shape == (40, 96)
     assert rel_err(b, a) <= KV_TOL
     assert rel_err(b, hf_tiny.hf_logits(hf, ids)) <= LOGITS_TOL
