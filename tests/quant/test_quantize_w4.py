@@ -201,3 +201,23 @@ def test_a_w4_folder_larger_than_its_gguf_says_why(capsys):
     err = capsys.readouterr().err
     assert "predicted decode on m4: 35 -> 35 tokens/s (weight reads 1.85 -> 0.58 ms a token)" in err
     assert "its tensors take 92.1 MiB" in err and "tokenizer" in err and "(3.4 MiB)" in err
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "qwen3-untied", "gemma3", "qwen2"])
+def test_other_families_against_the_cpu_reference(kind, tmp_path):
+    """GPT-2 (fused c_attn, LayerNorm's shift folded into the bias, Conv1D layout), Qwen3 (q/k
+    norms carrying the attention scale, an untied head stored as int8 blocks), Gemma 3 (gains
+    1 + w, post-norms), Qwen2 (q/k/v biases): the W4 kernels on the emulator against the float32
+    CPU reference on the folder's weights, §6's 3e-2."""
+    from anelm.quant.command import build_folder
+
+    hf_tiny.make_word_model(tmp_path / "m", kind=kind)
+    config, weights, tok = load_model(tmp_path / "m")
+    folder, plan, _ = build_folder(tmp_path / "q", config, weights, tok, "w4", [], 32, False, block_size=BLOCK)
+    config, weights, _ = load_model(folder)
+    ids = [5, 9, 17, 33, 2, 70, 41, 8]
+    cpu = build_model(config, dict(weights))
+    ref = cpu.prefill(ids, cpu.new_cache())
+    runner = build_runner(config, weights, "emulator", max_context=32)
+    got = runner.prefill(ids, runner.new_cache())
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 3e-2
