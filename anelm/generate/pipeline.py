@@ -83,16 +83,16 @@ def build_runner(config: Any, weights: dict[str, np.ndarray], device: str | Devi
                  consume: bool = False) -> "DeviceRunner":
     """The device Runner for `config` and sanitized float32 `weights` (anelm.models.loading).
 
-    `device` is "auto" | "ane" | "emulator" (anelm.device.select, under `profile`: a
-    ChipProfile, or None for ANELM_PROFILE, else strict) or a Device. `max_context` caps the positions a cache holds (default: the model's context,
-    at most MAX_CONTEXT, since every decode step reads its cache tier whole). `adapter`: a LoRA
-    adapter to run with (`models.adapters`); `lora_rank`/`lora_targets` (HF module names)
-    reserve kernel slots for the adapters to come, when they exceed the first one's. `consume`:
-    the caller gives `weights` up, and the runner removes what it has converted from it as it
-    goes (each layer's matrices once they are fp16), so a model is not held twice meanwhile.
+    `device` is "auto" | "ane" | "emulator" (anelm.device.select, under `profile`: a ChipProfile, or None for
+    ANELM_PROFILE, else strict) or a Device. `max_context` caps the positions a cache holds (default: the model's
+    context, at most MAX_CONTEXT, since every decode step reads its cache tier whole). `adapter`: a LoRA adapter to
+    run with (`models.adapters`); `lora_rank`/`lora_targets` (HF module names) reserve kernel slots for the adapters
+    to come, when they exceed the first one's. `consume`: the caller gives `weights` up, and the runner removes what
+    it has converted from it as it goes (each layer's matrices once they are fp16), so it is not held twice.
     """
     dev = device if isinstance(device, Device) else get_device(device, profile)
-    return DeviceRunner(config, weights, dev, max_context, adapter, lora_rank, lora_targets, consume)
+    from .longrope import runner_class  # LongRoPE's runner switches its tables per sequence (Phi-3)
+    return runner_class(config)(config, weights, dev, max_context, adapter, lora_rank, lora_targets, consume)
 
 
 def calibration_ids(config: Any, n: int = 16) -> list[int]:
