@@ -215,9 +215,9 @@ def scheme_of(qc: dict, source: str) -> str:
 # as int8 blocks, GGUF Q8_0's form (w = scale · data):
 #     E.weight         I8  [rows, cols]
 #     E.weight_scale   F16 [rows, cols/B]
-# A block's offset is fp16 (the block's minimum on the grid, as GGUF Q4_1 stores it): an integer
-# zero point puts 0 on the grid instead of the block's ends; on SmolLM2-135M requantized at
-# blocks of 64, that costs perplexity (quant/w4.py), and a fp16 offset is 1.5 bytes a block more.
+# A block's offset is fp16 (its minimum on the grid, as Q4_1 stores it), 1.5 bytes a block more
+# than a uint4 zero point, which puts 0 on the grid instead of the block's ends: SmolLM2-135M (Q4_1)
+# requantized at 32 scores x0.999 (float32 CPU, 128 held-out tokens) with fp16 offsets, x1.364 with zero points.
 
 
 @dataclass(frozen=True)
