@@ -12,7 +12,7 @@ from ..chip.catalog import chip_names, get_chip
 from ..chip.cost import eval_time
 from .gen_model import predict_generate
 from .reference import validate
-from .step_model import StepSpec, predict_step
+from .step_model import StepSpec, anelm_spec, predict_step
 
 PEAK_CONFIGS = (("fp16", 512, 4096, 128), ("int8", 512, 4096, 128))
 EMULATED_DEPTH = 4  # the emulator runs a 4-deep chain of the same width (the 128-deep one takes minutes)
@@ -92,7 +92,7 @@ def _spec(preset: str, seq_len, batch, accum, pipeline, head_on: str = "auto") -
     seq = seq_len or d.get("seq_len", 256)
     if seq > cfg["max_position_embeddings"]:
         raise UsageError(f"--seq-len {seq}: expected at most the preset's context {cfg['max_position_embeddings']}")
-    return StepSpec(cfg, seq, batch or d.get("batch_size", 8), accum or 1, pipeline, head_on=head_on)
+    return anelm_spec(cfg, seq, batch or d.get("batch_size", 8), accum or 1, pipeline, head_on)
 
 
 def train(chip: str, preset: str | None, pipeline: str, measure: bool, repeat: int,

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..chip.catalog import chip_names, get_chip
-from .step_model import StepSpec, predict_step
+from .step_model import anelm_spec, predict_step
 
 
 def dry_run(explicit: dict) -> int:
@@ -26,7 +26,7 @@ def dry_run(explicit: dict) -> int:
         cfg, defaults = get_preset(preset), TRAIN_DEFAULTS.get(preset, {})
     s = TrainSettings.merge(explicit, None, defaults).resolved()
     # `--head-on auto` as the model resolves it for each chip (train/placement.py)
-    spec = StepSpec(cfg, s.seq_len, s.batch_size, s.grad_accum, s.pipeline, head_on=s.head_on)
+    spec = anelm_spec(cfg, s.seq_len, s.batch_size, s.grad_accum, s.pipeline, s.head_on)
     print(f"anelm: dry run: {explicit.get('init_from') or preset}, {s.batch_size}x{s.seq_len} tokens "
           f"x{s.grad_accum} accum, {s.pipeline} pipeline, {s.steps} steps", file=sys.stderr)
     for key in chip_names():

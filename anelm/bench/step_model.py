@@ -82,6 +82,9 @@ class StepSpec:
     # where the classifier and its loss run (train/placement.py: "cpu", "ane" in vocabulary
     # tiles, or "auto", the one predicted faster on the chip); the references' run on the CPU
     head_on: str = "cpu"
+    # anelm's ffn_down_dx with the SwiGLU backward inside (kernels.training Dims.swiglu_dx), as
+    # the trainer runs Llama-family layers on the ANE (`anelm_spec`)
+    swiglu_on_device: bool = False
 
     @property
     def dims(self):
@@ -90,7 +93,17 @@ class StepSpec:
         c = self.config
         hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         return Dims(c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
-                    c.get("num_key_value_heads") or c["num_attention_heads"], hd, self.seq_len)
+                    c.get("num_key_value_heads") or c["num_attention_heads"], hd, self.seq_len,
+                    swiglu_dx=self.swiglu_on_device)
+
+
+def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str, head_on: str) -> StepSpec:
+    """anelm's own step as the trainer runs it on the ANE: the classifier at `head_on`, and the
+    SwiGLU backward on the device for the Llama family (train/step.py)."""
+    from ..kernels.families import family_for
+
+    return StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on,
+                    swiglu_on_device=family_for(config.get("model_type", "llama")).name == "llama")
 
 
 def _params(c: dict) -> int:
@@ -146,7 +159,8 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     rms_bwd = layers * 2 * (RMSNORM_BYTES_PER_ELEMENT - RMS_FWD) * m.d * n / vec
     # SwiGLU backward: one loop over H·N reading dgate, h1, h3 and writing dh1, dh3, with one
     # exp per element (σ(h1)); the exp pass costs what the chip's CPU softmax costs per element
-    swiglu = layers * max(20 * m.f * n / vec, m.f * n * chip.cpu_exp_s) if spec.cpu_swiglu_backward else 0.0
+    cpu_swiglu = spec.cpu_swiglu_backward and not spec.swiglu_on_device
+    swiglu = layers * max(20 * m.f * n / vec, m.f * n * chip.cpu_exp_s) if cpu_swiglu else 0.0
     # residual adds, RoPE (reads cos/sin), fp16 clamps of what enters a surface, q/k norms
     other_fwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.cpu_rope_forward and spec.rope else 0)
                               + (8 * (2 * m.d + qkv) if spec.clamp_inputs else 0) + (12 * qkv if qk else 0)) / vec

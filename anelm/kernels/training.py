@@ -83,6 +83,9 @@ class Dims:
     # the attention kernels take their additive mask `[S_q, S_k]` as an input `mask` rather than
     # a const: packed sequences of several examples, each attending only within itself
     mask_input: bool = False
+    # ffn_down_dx also takes h1 and h3 and returns dh1, dh3 in place of dgate: the SwiGLU
+    # backward on the device (gated SiLU only), so dgate never crosses to the CPU and back
+    swiglu_dx: bool = False
 
     @property
     def q(self) -> int:
@@ -219,7 +222,7 @@ def _plain_layouts(m: Dims) -> dict[str, dict[str, Packed]]:
         "wo": {"x": Packed(Q, ("attn",), (("wo", D),))},
         "ffn_up": {"x": Packed(D, ("x2n",), (("w1", F), ("w3", F)))},
         "ffn_down": {"x": Packed(F, ("gate",), (("w2", D),))},
-        "ffn_down_dx": {"x": Packed(D, ("dy",), (("w2", F),))},
+        "ffn_down_dx": {"x": Packed(D, ("dy",), (("w2", F),)), **({"h": Packed(F, ("h1", "h3"))} if m.swiglu_dx else {})},
         "ffn_up_dx": {"x": Packed(F, ("dh1", "dh3"), (("w1", D), ("w3", D)))},
         "wo_dx": {"x": Packed(D, ("dx2",), (("wo", Q),))},
         # two inputs: Wq has Q rows, Wk/Wv have KV rows (strict allows several, uniform sizes)
@@ -349,7 +352,15 @@ def _ffn_down(k: KernelContext) -> dict[str, Value]:
 
 
 def _ffn_down_dx(k: KernelContext) -> dict[str, Value]:
-    return {"dgate": k.lin("dy", "w2")}
+    if not k.m.swiglu_dx:
+        return {"dgate": k.lin("dy", "w2")}
+    # gate = silu(h1)·h3, s = σ(h1): dh3 = dgate·silu(h1), dh1 = dgate·h3·(s + silu(h1)·(1 − s))
+    b, dgate, h1, h3 = k.b, k.lin("dy", "w2"), k.act("h1"), k.act("h3")
+    sig = b.sigmoid(h1, name="h1_sig")
+    silu = b.mul(h1, sig, name="h1_silu")
+    slope = b.add(sig, b.sub(silu, b.mul(silu, sig, name="silu_sig"), name="silu_rest"), name="silu_grad")
+    return {"dh1": b.mul(b.mul(dgate, h3, name="dgate_h3"), slope, name="dh1"),
+            "dh3": b.mul(dgate, silu, name="dh3")}
 
 
 def _ffn_up_dx(k: KernelContext) -> dict[str, Value]:

@@ -95,7 +95,7 @@ class LoraHooks:
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int, spec: LoraSpec,
                  adapter: dict[str, np.ndarray], pipeline: str = "dynamic", seed: int = 0, packed: bool = False,
-                 head_on: str = "cpu"):
+                 **placement):
         self.spec, self.rank, self.scale = spec, spec.rank, spec.scale
         self.shapes = adapter_shapes(config, spec)
         self.modules = target_modules(config, spec.targets)  # path -> (layer, part)
@@ -110,7 +110,7 @@ class LoraHooks:
         self.seed, self._at, self._masks = int(seed), (0, 0, 0), None
         lay = lora_layout(config, spec)
         super().__init__(config, weights, device, seq_len=seq_len, pipeline=pipeline, lora=lay, packed=packed,
-                         head_on=head_on)
+                         **placement)  # head_on, swiglu_on_device: as the full step's
         self._drops = self._dropout_blocks(lay)
         self.set_weights(adapter)
 

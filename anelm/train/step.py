@@ -63,7 +63,8 @@ class DeviceTrainStep(StepHead):
     accumulates_in_place = True  # `loss_and_grads(into=)`: the trainer hands it its accumulator
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int,
-                 pipeline: str = "dynamic", lora=None, packed: bool = False, head_on: str = "cpu"):
+                 pipeline: str = "dynamic", lora=None, packed: bool = False, head_on: str = "cpu",
+                 swiglu_on_device: bool | None = None):
         self._check_config(config)
         if pipeline not in PIPELINES:
             raise UsageError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
@@ -77,8 +78,12 @@ class DeviceTrainStep(StepHead):
         # `packed`: batches may hold several examples per sequence (`loss_and_grads(positions=)`);
         # the attention kernels then take each sequence's mask as data (`kernels.training`)
         self.packed = bool(packed)
+        # the SwiGLU backward in ffn_down_dx (`Dims.swiglu_dx`), by default where the device is
+        # the ANE: the emulator runs it as fp16 passes on the host, slower than the CPU's own
+        swiglu_dx = (getattr(device, "name", None) == "ane" if swiglu_on_device is None else swiglu_on_device) and \
+            self.dims.gated and self.dims.act == "silu" and type(self)._layer_bwd is DeviceTrainStep._layer_bwd
         self.kernel_dims = replace(self.dims, s=padded_width(seq_len, multiple), width_multiple=multiple,
-                                   mask_input=self.packed)
+                                   mask_input=self.packed, swiglu_dx=swiglu_dx)
         self.n_layers = config.num_hidden_layers
         self.qk_norm = has_head_norms(config.model_type)
         self.embed, self.final_norm, self.head = (model_weight(config.model_type, r)
@@ -337,8 +342,11 @@ class DeviceTrainStep(StepHead):
     # ------------------------------------------------------------------ backward
     def _layer_bwd(self, i: int, dy: np.ndarray, c: dict, grads: dict, jobs: dict) -> np.ndarray:
         name = functools.partial(self._name, i)
-        dgate = self._dev("ffn_down_dx", i, dy=dy)["dgate"]
-        dh1, dh3 = ops.swiglu_bwd(dgate, c["h1"], c["h3"])
+        if self.kernel_dims.swiglu_dx:
+            g = self._dev("ffn_down_dx", i, dy=dy, h1=c["h1"], h3=c["h3"])
+            dh1, dh3 = g["dh1"], g["dh3"]
+        else:
+            dh1, dh3 = ops.swiglu_bwd(self._dev("ffn_down_dx", i, dy=dy)["dgate"], c["h1"], c["h3"])
         self._dw(jobs, name("down"), dy, c["gate"])
         self._dw(jobs, name("gate"), dh1, c["x2n"])
         self._dw(jobs, name("up"), dh3, c["x2n"])
