@@ -111,8 +111,8 @@ def fused_rows(c: Config) -> dict[str, tuple[str, np.ndarray, np.ndarray | None]
     hd, f = c.head_dim, c.intermediate_size
     q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
     rot = int(hd * c.partial_rotary_factor)
-    h, p = rot // 2, (hd - rot) // 2
-    order = np.concatenate([np.arange(h), rot + np.arange(p), h + np.arange(h), rot + p + np.arange(p)])
+    h, p, ar = rot // 2, (hd - rot) // 2, np.arange
+    order = np.concatenate([ar(h), rot + ar(p), h + ar(h), rot + p + ar(p)])
     gain, g = None, c.attention_factor(0)
     if p and g != 1.0:
         gain = np.ones(hd, np.float32)
@@ -120,10 +120,10 @@ def fused_rows(c: Config) -> dict[str, tuple[str, np.ndarray, np.ndarray | None]
         gain = np.tile(gain, c.num_attention_heads)
 
     def heads(n: int, start: int) -> np.ndarray:
-        return start + (np.arange(n)[:, None] * hd + order[None, :]).reshape(-1)
+        return start + (ar(n)[:, None] * hd + order[None, :]).reshape(-1)
 
     return {"q": (ATTN, heads(c.num_attention_heads, 0), gain), "k": (ATTN, heads(c.num_key_value_heads, q), None),
-            "v": (ATTN, q + kv + np.arange(kv), None), "gate": (MLP, np.arange(f), None), "up": (MLP, f + np.arange(f), None)}
+            "v": (ATTN, ar(q + kv, q + 2 * kv), None), "gate": (MLP, ar(f), None), "up": (MLP, ar(f, 2 * f), None)}
 
 
 expected_shapes = llama.expected_shapes
@@ -181,7 +181,7 @@ def gguf_config(arch: str, get, path) -> dict:
     rot = int(get("rope.dimension_count", hd))
     d = llama_config(arch, lambda k, default=None: hd if k == "rope.dimension_count" else get(k, default), path)
     d.update(partial_rotary_factor=rot / hd, sliding_window=int(get("attention.sliding_window", 0)) or None,
-             original_max_position_embeddings=int(get("rope.scaling.original_context_length", d["max_position_embeddings"])))
+             original_max_position_embeddings=int(get("rope.scaling.original_context_length", get("context_length"))))
     return d
 
 
@@ -201,7 +201,7 @@ class Model(llama.Model):
 
     def new_cache(self):
         cache = super().new_cache()
-        cache.ids = []  # the sequence so far, to run again where LongRoPE switches
+        cache.ids = None if self.long_freqs is None else []  # the sequence, run again where LongRoPE switches
         return cache
 
     def prefill(self, ids, cache, last_only: bool = False) -> np.ndarray:
