@@ -1,5 +1,5 @@
-"""The Llama family (Llama, Qwen3, SmolLM2): RMSNorm, RoPE, SwiGLU, separate q/k/v projections
-(grouped-query attention), no biases, and Qwen3's per-head q/k RMSNorm when the layer has it."""
+"""The Llama family (Llama, Qwen2, Qwen3, Mistral, SmolLM2/3; Phi-3's fused checkpoint split at load): RMSNorm,
+RoPE, SwiGLU, separate q/k/v projections (GQA), Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm where present."""
 
 from __future__ import annotations
 
