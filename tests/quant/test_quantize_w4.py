@@ -65,7 +65,7 @@ def test_kernels_carry_the_folders_4bit_data(tiny):
     stored = load_file(str(q / "model.safetensors"))
     runner = build_runner(config, weights, "emulator", max_context=32)
     runner.prefill([5, 6, 7], runner.new_cache())
-    art = runner.kernels[("prefill", 0, runner.plan.bucket(3))].artifact
+    art = next(k for key, k in runner.kernels.items() if key[:2] == ("prefill", 0)).artifact  # whichever bucket
     assert "data = tensor<uint4, [128, 64, 1, 1]>(BLOBFILE" in art.mil_text  # gate/up stay 4-bit
     blob = bytes(next(b for p, b in art.weights.items() if p.endswith("/o_proj_w4_data.bin")))
     packed = stored["model.layers.0.self_attn.o_proj.weight"]
