@@ -65,6 +65,15 @@ def test_longrope_on_the_emulator_past_the_original_context(tiny):
         assert rel_err(runner.prefill(ids[:n], runner.new_cache()), hf_logits(hf, ids[:n])) <= 3e-2, n
 
 
+def test_the_window_is_hf_eager_attentions(tmp_path):
+    """HF 5.24's Phi-3 masks to `sliding_window` whatever the attention implementation, eager too."""
+    make_hf("phi3-mini", tmp_path, seed=7)
+    eager = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    config, weights, _ = load_model(tmp_path)
+    ids = np.random.default_rng(6).integers(3, 96, 40).tolist()  # 40 positions, a window of 8
+    assert config.window(1) == 8 and rel_err(build_model(config, weights).forward(ids), hf_logits(eager, ids)) < 1e-4
+
+
 def test_sanitize_splits_and_unsanitize_fuses_back(tiny):
     _, hf, config, _ = tiny
     raw = {n: t.numpy() for n, t in hf.state_dict().items()}
