@@ -74,6 +74,18 @@ def test_the_window_is_hf_eager_attentions(tmp_path):
     assert config.window(1) == 8 and rel_err(build_model(config, weights).forward(ids), hf_logits(eager, ids)) < 1e-4
 
 
+def test_a_gguf_holds_the_same_model(tiny, tmp_path):
+    """llama.cpp's layout (Phi3MiniModel): fused attn_qkv/ffn_up, the rotated dims, the window (0: none),
+    LongRoPE's factor tensors; the tests of the phi3 family (test_generate_families) run the Phi-4-mini-like one."""
+    import family_tiny
+
+    kind, hf, config, weights = tiny
+    c, w, _ = load_model(family_tiny.write_gguf(hf, tmp_path / "m.gguf", "phi3", "default"))
+    assert (c.window(0), c.partial_rotary_factor, c.rope_scaling) == (config.window(0), config.partial_rotary_factor,
+                                                                      config.rope_scaling)
+    assert set(w) == set(weights) and all(np.array_equal(w[k], weights[k]) for k in w)
+
+
 def test_sanitize_splits_and_unsanitize_fuses_back(tiny):
     _, hf, config, _ = tiny
     raw = {n: t.numpy() for n, t in hf.state_dict().items()}
