@@ -53,21 +53,36 @@ def make_config(layers: int, seq: int) -> LlamaConfig:
 # ------------------------------------------------------------------------- whole steps
 
 class OursStep:
-    """Our training step as the training loop runs it: device step, unscale + clip + AdamW in
-    one pass (`update_scale`), weights restaged to the device."""
+    """Our training step as the training loop runs it: `accum` micro-batches (gradients
+    accumulated as the trainer does: inside the dW GEMMs where the step can, else one add per
+    micro-batch), unscale + clip + AdamW in one pass (`update_scale`), weights restaged."""
 
-    def __init__(self, cfg, batch, seq):
+    def __init__(self, cfg, batch, seq, accum=1):
         self.w = init_weights(cfg, seed=0)
         self.step = DeviceTrainStep(cfg, self.w, Emulator(STRICT), seq_len=seq)
         self.opt = AdamW(self.w, lr=1e-4)
         rng = np.random.default_rng(0)
         self.x, self.y = (rng.integers(0, cfg.vocab_size, (batch, seq)) for _ in range(2))
+        self.accum = accum
+        self.acc = {n: np.zeros_like(p) for n, p in self.w.items()} if accum > 1 else None
+        self.fused = getattr(self.step, "accumulates_in_place", False)
 
     def run(self) -> dict:
         t0 = time.perf_counter()
-        loss, grads, st = self.step.loss_and_grads(self.x, self.y, loss_scale=1024.0)
+        st_sum: dict = {}
+        if self.acc is not None and not self.fused:
+            for g in self.acc.values():
+                g.fill(0.0)
+        for k in range(self.accum):
+            into = {"into": self.acc, "add": k > 0} if self.acc is not None and self.fused else {}
+            loss, grads, st = self.step.loss_and_grads(self.x, self.y, loss_scale=1024.0, **into)
+            if self.acc is not None and not self.fused:
+                for n, g in grads.items():
+                    self.acc[n] += g
+            st_sum = {key: st_sum.get(key, 0) + v for key, v in st.items()}
+        grads, st = (self.acc if self.acc is not None and not self.fused else grads), st_sum
         t1 = time.perf_counter()
-        _, factor = update_scale(grads, 1024.0, 1, 1.0)
+        _, factor = update_scale(grads, 1024.0, self.accum, 1.0)
         self.opt.step(grads, grad_scale=factor)
         t2 = time.perf_counter()
         self.step.set_weights(self.w)
@@ -80,30 +95,31 @@ class OursStep:
 class TorchStep:
     """A float32 LlamaForCausalLM forward + backward + clip + torch.optim.AdamW step."""
 
-    def __init__(self, cfg, batch, seq):
+    def __init__(self, cfg, batch, seq, accum=1):
         from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
 
         d = {k: v for k, v in cfg.to_dict().items() if k not in ("model_type", "architectures")}
         self.model = LlamaForCausalLM(HFConfig(**d, attn_implementation="sdpa")).float()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.95))
         self.x, self.y = (torch.randint(0, cfg.vocab_size, (batch, seq)) for _ in range(2))
-        self.vocab = cfg.vocab_size
+        self.vocab, self.accum = cfg.vocab_size, accum
 
     def run(self) -> float:
         t0 = time.perf_counter()
-        logits = self.model(self.x).logits
-        F.cross_entropy(logits.reshape(-1, self.vocab), self.y.reshape(-1)).backward()
+        for _ in range(self.accum):  # .grad accumulates across the backward calls
+            logits = self.model(self.x).logits
+            (F.cross_entropy(logits.reshape(-1, self.vocab), self.y.reshape(-1)) / self.accum).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
 
-def whole_steps(cfg, batch, seq, rounds, warmup) -> tuple[list[dict], list[float], int]:
+def whole_steps(cfg, batch, seq, rounds, warmup, accum=1) -> tuple[list[dict], list[float], int]:
     """(our step rows, torch step times, torch threads): steps taken in turns, one of ours
     then one of torch's, so both sides see the same machine (a shared one drifts by tens of
     percent within a minute). Torch runs at its faster thread setting, chosen during warmup."""
-    ours, theirs = OursStep(cfg, batch, seq), TorchStep(cfg, batch, seq)
+    ours, theirs = OursStep(cfg, batch, seq, accum), TorchStep(cfg, batch, seq, accum)
     default = torch.get_num_threads()
     trial = {}
     for _ in range(warmup):  # warmups first: caches, and the heap growing to its size
@@ -292,15 +308,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step, on each side")
     ap.add_argument("--steps", type=int, default=5, help="timed steps on each side")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first, on each side")
     a = ap.parse_args()
     share_blas_between(2)  # as inside the step: device evals and dW each get half the cores
     cfg = make_config(a.layers, a.seq)
     n_params = sum(v.size for v in init_weights(cfg, 0).values())
-    print(f"stories110m shape, {a.layers} layers ({n_params / 1e6:.1f}M params), batch {a.batch} x seq {a.seq}, "
+    print(f"stories110m shape, {a.layers} layers ({n_params / 1e6:.1f}M params), batch {a.batch} x seq {a.seq} "
+          f"x{a.grad_accum} accum, "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads")
-    rows, times, threads = whole_steps(cfg, a.batch, a.seq, a.steps, a.warmup)
+    rows, times, threads = whole_steps(cfg, a.batch, a.seq, a.steps, a.warmup, a.grad_accum)
     ours = min(rows, key=lambda r: r["total"])
     med_ours, med_torch = float(np.median([r["total"] for r in rows])), float(np.median(times))
     print(f"\nwhole training step ({a.steps} steps each, taken in turns, after {a.warmup} warmup steps each):")

@@ -85,6 +85,10 @@ def sram(chip: str, chips: list[str], measure: bool, repeat: int, **_):
     return {"chip": chip, "working_set_threshold_bytes": thresholds, "sweep": rows}, lines, png
 
 
+# the reference configuration of maderix's own run of a preset's model (bench/reference.py)
+MADERIX = {"stories110m": "maderix-stories110m-dynamic", "qwen3-0.6b": "maderix-qwen3-0.6b-dynamic"}
+
+
 def _spec(preset: str, seq_len, batch, accum, pipeline, head_on: str = "auto") -> StepSpec:
     from ..train.presets import TRAIN_DEFAULTS, get_preset
 
@@ -104,6 +108,12 @@ def train(chip: str, preset: str | None, pipeline: str, measure: bool, repeat: i
            "batch_size": spec.batch, "grad_accum": spec.accum, "predicted_step_ms": r["predicted_step_ms"],
            "predicted_breakdown": r["predicted_breakdown"], "predicted_dispatch_ms": r["predicted_dispatch_ms"],
            "predicted_dw_ms": r["predicted_dw_ms"], "emulator_step_ms": None, "measured_step_ms": None}
+    ref = MADERIX.get(preset)
+    if ref is not None:  # the reference the issue measures against, in its setting (per micro-step)
+        from .reference import predict_reference
+
+        out["predicted_micro_step_ms"] = r["predicted_step_ms"] / spec.accum
+        out["maderix_micro_step_ms"] = predict_reference(ref, chip)["predicted_step_ms"]
     dev = _device(measure)
     if dev is not None:
         from .measure import time_train_step
@@ -114,6 +124,9 @@ def train(chip: str, preset: str | None, pipeline: str, measure: bool, repeat: i
     lines = [f"{preset} ({pipeline}, head on {r['head_on']}, {spec.batch}x{spec.seq_len} tokens, accum {spec.accum}) on "
              f"{get_chip(chip).name}: predicted {r['predicted_step_ms']:.1f} ms/step"]
     lines += [f"  {k:<20s} {v:9.2f} ms" for k, v in r["predicted_breakdown"].items()]
+    if ref is not None:
+        lines.append(f"per micro-step {out['predicted_micro_step_ms']:.1f} ms; maderix's dynamic pipeline "
+                     f"({ref}, seq 256, batch 1, its compact vocabulary): {out['maderix_micro_step_ms']:.1f} ms")
     for key in ("emulator_step_ms", "measured_step_ms"):
         if out[key] is not None:
             cpu = f" ({out['emulator_cpu_step_ms']:.0f} ms of CPU time)" if "emulator_cpu_step_ms" in out else ""

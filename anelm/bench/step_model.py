@@ -6,7 +6,8 @@ Per micro-step, as the trainer (anelm/train/step.py) and maderix's dynamic pipel
     forward    per layer: device qkv, sdpa_fwd, wo, ffn_up, ffn_down; CPU norms, RoPE, residuals
     head       CPU final norm, classifier logits and dy (sgemm), softmax cross-entropy
     backward   per layer: device dx kernels; CPU SwiGLU backward, norm backward, inverse RoPE
-    dW         CPU sgemm on a worker queue, overlapping the backward; only what outlasts it shows
+    dW         CPU sgemm on a worker queue, overlapping the backward (anelm: and the next micro-
+               step's forward, but for the last); only what outlasts them shows
     update     AdamW over every parameter (dynamic: the new weights restaged into the inputs;
                static: every weighted kernel recompiled), once per step
 
@@ -85,6 +86,9 @@ class StepSpec:
     # anelm's ffn_down_dx with the SwiGLU backward inside (kernels.training Dims.swiglu_dx), as
     # the trainer runs Llama-family layers on the ANE (`anelm_spec`)
     swiglu_on_device: bool = False
+    # a micro-step's dW left running beside the next micro-step's forward (anelm's Llama family:
+    # DeviceTrainStep.loss_and_grads(defer=)); else the backward alone hides it
+    dw_overlaps_forward: bool = False
 
     @property
     def dims(self):
@@ -102,8 +106,9 @@ def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str
     SwiGLU backward on the device for the Llama family (train/step.py)."""
     from ..kernels.families import family_for
 
-    return StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on,
-                    swiglu_on_device=family_for(config.get("model_type", "llama")).name == "llama")
+    llama = family_for(config.get("model_type", "llama")).name == "llama"
+    return StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=llama,
+                    dw_overlaps_forward=llama)
 
 
 def _params(c: dict) -> int:
@@ -179,6 +184,9 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
         dw += classifier_dw
     bwd_main = dev["backward"] + io["backward"] + swiglu + rms_bwd + other_bwd
     dw_exposed = max(0.0, dw - bwd_main)
+    if spec.dw_overlaps_forward:  # all but the last micro-step's dW run on into the next forward
+        fwd_main = dev["forward"] + io["forward"] + rms_fwd + other_fwd + classifier
+        dw_exposed = ((spec.accum - 1) * max(0.0, dw - bwd_main - fwd_main) + dw_exposed) / spec.accum
     p = _params(c)
     accumulate = ACCUMULATE_BYTES * p * (spec.accum - 1) if spec.accumulate_pass else 0
     grad_passes = ZERO_AND_SCALE_BYTES * p if spec.zero_and_scale_grads else 0

@@ -254,7 +254,9 @@ class Trainer:
             # the ranks' gradients are summed once per step, on the last micro-batch
             sink = sync.reducer(self.acc) if k == a.grad_accum - 1 else None
             # accumulated by the dW GEMMs themselves: the first micro-batch writes the buffers
-            into = {"into": self.acc, "add": k > 0} if self.acc is not None and sink is None and fused else {}
+            # (and, but for the last, left running beside the next micro-batch's forward)
+            into = ({"into": self.acc, "add": k > 0, "defer": k < a.grad_accum - 1}
+                    if self.acc is not None and sink is None and fused else {})
             loss, grads, stats = self.dev.loss_and_grads(
                 batch.x, batch.y, loss_scale=scale, **({"sink": sink} if sink is not None else {}),
                 **self._counting(batch, count), **into)

@@ -103,6 +103,9 @@ class DeviceTrainStep(StepHead):
         self._wide = self.dims.d * self.dims.s >= 1 << 16
         self._tables_cache: dict[int, tuple] = {}  # by batch size: the tables of unpacked batches
         self._into, self._add = None, False
+        self._deferred: list[Job] = []  # dW jobs of a micro-batch returned with `defer`
+        # deferral needs every dW and the embedding's gradient written into the buffers by jobs
+        self._can_defer = type(self)._dw is DeviceTrainStep._dw and type(self)._embed_bwd is StepHead._embed_bwd
         self._open_head(head_on, device)  # the classifier: on the CPU, or in tiles on the device
 
     @staticmethod
@@ -133,8 +136,8 @@ class DeviceTrainStep(StepHead):
 
     def loss_and_grads(self, x: np.ndarray, y: np.ndarray, loss_scale: float = 1.0, sink=None, *,
                        positions: np.ndarray | None = None,
-                       count: float | None = None, into: dict | None = None,
-                       add: bool = False) -> tuple[float, dict[str, np.ndarray], dict]:
+                       count: float | None = None, into: dict | None = None, add: bool = False,
+                       defer: bool = False) -> tuple[float, dict[str, np.ndarray], dict]:
         """(unscaled loss, gradients × loss_scale by weight name, stats).
 
         The loss is the sum of the cross-entropies of the counted targets (y not `ops.IGNORE`)
@@ -147,14 +150,20 @@ class DeviceTrainStep(StepHead):
         while the rest of the backward runs; its `finish` gives the gradients returned. `into`
         (gradient accumulation): buffers by name that each gradient is written into (`add`
         False) or added to, the dW products by the GEMM itself (`gemm.dw_into`); they are
-        the gradients returned."""
+        the gradients returned. `defer` (with `into`, a micro-batch before the last): return
+        with the dW products still running on the worker, beside the next call's forward; the
+        next call waits for them (the Llama family's step: its dW and embedding write `into`)."""
         t0 = time.perf_counter()
+        pending, self._deferred = self._deferred, []
+        defer = defer and into is not None and sink is None and self._can_defer
+        for j in pending if sink is not None else ():  # the reducer reads the buffers as it goes
+            j.result()
         self._begin(x, y, positions, count)
         self._into, self._add = into, bool(add)
         ids, targets = np.asarray(x), np.asarray(y).reshape(-1)
         jobs: dict[str, Job] = {}
         with np.errstate(all="ignore"):  # inf/NaN under a too-large scale is a result, not an error
-            with all_blas_threads() if self._wide else nullcontext():  # no dW job runs beside it
+            with all_blas_threads() if self._wide and not pending else nullcontext():  # nor a dW job beside it
                 xl, caches = self._forward(ids, keep=True)
                 loss, dy, grads, head_dw = self._loss_head(xl, targets, float(loss_scale))
             head = self._head_name()
@@ -169,15 +178,23 @@ class DeviceTrainStep(StepHead):
                     sink.offer({n: v for d in (grads, jobs) for n, v in d.items()
                                 if n.startswith(p) and self._keep(n)})
             t_wait = time.perf_counter()
-            self._pool.help_until_done(list(jobs.values()))
+            for j in pending:  # first: a job of this micro-batch adds into the same buffers
+                j.result()
+            if not defer:
+                self._pool.help_until_done(list(jobs.values()))
             t_wait = time.perf_counter() - t_wait
-            grads.update({n: j.result() for n, j in jobs.items()})
-            self._t["dw"] = sum(j.seconds for j in jobs.values())
+            grads.update({n: into[n] if defer else j.result() for n, j in jobs.items()})
+            self._t["dw"] = sum(j.seconds for j in (*pending, *jobs.values()) if j.done())
             if self._out(self.embed) is not None and self.embed not in grads:  # scattered into
                 grads[self.embed] = self._out(self.embed)
                 if not add:
                     grads[self.embed].fill(0.0)
-            self._embed_bwd(dy, ids, grads)
+            if defer:  # the scatter too, after the tied classifier's dW into the same buffer
+                tied = jobs.get(self.embed)
+                self._deferred = [*jobs.values(), self._pool.submit(
+                    lambda g=grads, d=dy: (tied and tied.wait(), self._embed_bwd(d, ids, g)))]
+            else:
+                self._embed_bwd(dy, ids, grads)
             grads = fold_into({n: g for n, g in grads.items() if self._keep(n)}, into, add)
             stats = {}
             if sink is not None:

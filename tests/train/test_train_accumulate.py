@@ -4,7 +4,8 @@ The trainer hands the step its accumulator: the first micro-batch writes every g
 it, later ones add, each dW by the sgemm's β rather than a pass of its own. Two micro-batches
 so accumulated must equal the two steps' own gradients summed (float32 round-off: the GEMM
 adds its partial sums into the buffer), for a tied and an untied head, a LoRA step (whose
-adapter gradients are added after their products) and the chunked classifier.
+adapter gradients are added after their products) and the chunked classifier; and with the
+first micro-batch's products left running beside the second's forward (`defer`).
 """
 
 import numpy as np
@@ -47,6 +48,12 @@ def test_two_micro_batches_into_the_accumulator_equal_their_sum(tied):
         for k, (x, y) in enumerate(batches):
             loss, got, _ = step.loss_and_grads(x, y, 64.0, into=acc, add=k > 0)
         assert all(got[n] is acc[n] for n in got)
+        close(got, want)
+        # the first micro-batch's dW left running beside the second's forward (`defer`)
+        acc = {n: np.full_like(p, np.nan) for n, p in w.items()}
+        for k, (x, y) in enumerate(batches):
+            loss, got, _ = step.loss_and_grads(x, y, 64.0, into=acc, add=k > 0, defer=k == 0)
+        assert not step._deferred
         close(got, want)
 
 
