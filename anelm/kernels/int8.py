@@ -7,6 +7,11 @@ references run on the chip, and the int8 layer a `QuantPlan` (models/quantized.p
     W8:    y = conv(x', W)
     W8A8:  y = conv(dequantize(quantize(x', s), s), W)  (+ conv(conv(x', select), W_keep))
 
+W4 (`plan_layer_w4`): W = constexpr_blockwise_shift_scale(data = uint4 BLOBFILE [out, in, 1, 1],
+scale = fp16 [out, in/B, 1, 1], offset = fp16 or uint4 [out, in/B, 1, 1]) of the folder's blocks
+(models/quantized.py), then y = conv(x · gain, W) in fp16 like any fp16 conv: no shift, the
+accumulator sums the dense weight's products.
+
 Why constexpr_affine_dequantize: it is the form maderix's W8A8 benchmark compiles and runs on
 M4 (maderix-ane-facts §10.3, 1.88x over fp16) and that our doctor probe `op.constexpr_affine_
 dequantize` checks; the weights stay int8 in the BLOBFILE (dtype code 4) and the compiler
