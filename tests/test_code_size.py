@@ -60,8 +60,8 @@ MAX_MODULE_LINES = 400
 # + 28: the prompt cache resumes only where it pays, and prefill slots take halfway sizes (issue 30).
 # + 33: the SwiGLU backward inside ffn_down_dx on the ANE (issue 32: Dims.swiglu_dx, the cost model's anelm_spec).
 # + 40: a micro-step's dW beside the next one's forward, and maderix's predicted step beside ours in `bench train` (issue 32).
-# + 4: the W4 kernel form in kernels/int8.py's module doc (issue 34).
-MAX_PACKAGE_LINES = 30185
+# + 5: the W4 kernel form in kernels/int8.py's module doc (issue 34).
+MAX_PACKAGE_LINES = 30186
 
 
 def line_counts() -> dict[str, int]:
