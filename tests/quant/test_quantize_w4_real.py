@@ -45,11 +45,21 @@ def _ppl(logits, ids):
 
 
 def test_the_gguf_blocks_are_taken_as_they_are(runs):
-    folder = runs[3]
+    """The 210 Q4_1 linears' blocks as they are; the Q8_0 embedding, requantized as int8 blocks
+    of 32, is the GGUF's own, bit for bit (its largest |q| is 127, its d an fp16)."""
     import json
 
+    from safetensors.numpy import load_file
+
+    from anelm.models.quantized import dequantize_blocks8
+
+    folder, weights = runs[3], runs[6]
     qc = json.loads((folder / "config.json").read_text())["quantization_config"]
     assert qc["blocks"] == {"Q4_1": 210} and qc["block_size"] == 32
+    t = load_file(str(folder / "model.safetensors"))
+    emb = "model.embed_tokens.weight"
+    assert t[emb].dtype == np.int8
+    assert np.array_equal(dequantize_blocks8(t[emb], t["model.embed_tokens.weight_scale"]), weights[emb])
 
 
 def test_logits_equal_the_gguf_dequantized_within_fp16_rounding(runs):
