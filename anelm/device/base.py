@@ -134,7 +134,7 @@ class Device(ABC):
 
     @abstractmethod
     def evaluate(self, model, inputs: list[Surface], outputs: list[Surface], watch: bool = False,
-                 read_columns: int | None = None):
+                 read_columns: int | None = None, batched: bool = False):
         """Run once. Surfaces bind by position in the profile's binding order.
 
         With `watch`, returns an `overflow.Overflow` naming where a result first came out inf
@@ -142,7 +142,9 @@ class Device(ABC):
         `read_columns` = n promises that the caller reads only the first n spatial columns of
         every output (a decode token padded to 16 columns reads 1): a device may leave the
         others unwritten. The ANE computes every column anyway; the emulator skips the rest
-        when the program is column-separable (`emulator_columns`).
+        when the program is column-separable (`emulator_columns`). `batched` asks for every
+        column in one pass (a caller that reads most of them: the emulator's one product over
+        all columns beats one per column, its sums rounding as the full plan's do).
         """
 
     @abstractmethod

@@ -171,7 +171,7 @@ class Emulator(Device):
 
     # --- requests ---------------------------------------------------------------------------
     def evaluate(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface],
-                 watch: bool = False, read_columns: int | None = None) -> Overflow | None:
+                 watch: bool = False, read_columns: int | None = None, batched: bool = False) -> Overflow | None:
         if not model.loaded:
             raise DeviceError("evaluate on a model that is not loaded; call load() first", code=BAD_REQUEST)
         request = (list(inputs), list(outputs), [s.nbytes for s in (*inputs, *outputs)])
@@ -186,7 +186,7 @@ class Emulator(Device):
             else:
                 arrays[name] = read_packed(s, t)
         found: list[Overflow] = []
-        if model.columns is not None:  # column-separable: only the columns the caller reads
+        if model.columns is not None and not batched:  # column-separable: only the columns the caller reads
             results = model.columns.run(arrays, exact, read_columns, model.plan, overflow=found if watch else None)
         else:
             results = model.plan.run(arrays, exact, overflow=found if watch else None)

@@ -25,15 +25,17 @@ neighbouring sizes are closest, and the largest of each always stays): Qwen3-0.6
 context capped at 4096) gets P = 16, 1024 and D = 4096, 84 compiles at most (a margin of 31).
 SmolLM2-135M (L = 30) gets the same sizes, 90 compiles at most (a margin of 25).
 
-|P| counts slots, not sizes: the largest bucket always holds one, and the others take a size of
-the slot sizes (16, 32, 48, 64, 96, 128, ...: `slot_sizes`) when a prompt first asks for it, so a one-shot generation's prompt
-runs in the size that fits it best (SmolLM2 on the emulator: 32 tokens in 32 columns, 108 ms, not
-128 columns, 400 ms), and a server's are chosen for every prompt length (`serving_buckets`).
-Once the slots are taken, a prompt much shorter than its bucket may run a smaller bucket and
-decode the rest: the predicted times decide (the chip's on the ANE, the emulator's own when it
-is the device: `evaluation_seconds`). SmolLM2 at a context of 512 on the emulator: a 37-token
-prompt in buckets (16, 512) takes 16 columns and 21 decode steps, ~0.5 s, not 512 columns,
-~2 s; predicted on an M4 the 512 bucket wins (87 ms against 4.8 + 21 × 6.8). The kernels
+|P| counts slots, not sizes: the largest bucket always holds one, and the others take one of
+the slot sizes (16, 32, 48, 64, 96, 128, ...: `slot_sizes`) when a prompt first asks for it, so
+a one-shot generation's prompt runs in the size that fits it best (SmolLM2 on the emulator: 32
+tokens in 32 columns, 108 ms, not 128 columns, 400 ms), and a server's are chosen for every
+prompt length (`serving_buckets`). Once the slots are taken, a prompt much shorter than its
+bucket may run a smaller bucket and decode the rest, a token a step or up to 16 in two passes of
+the decode programs (`decode_groups`): the predicted times decide (the chip's on the ANE, the
+emulator's own when it is the device: `evaluation_seconds`). SmolLM2 at a context of 512 on the
+emulator: a 37-token prompt in buckets (16, 512) takes 16 columns and 21 decode steps, ~0.5 s,
+not 512 columns, ~2 s; predicted on an M4 the 512 bucket wins (87 ms against 4.8 + 21 × 6.8).
+(`serving_buckets` counts the rest in steps: a chunk's saving is left out of its choice.) The kernels
 that hold a real model's activations (kernels/norms.py, the scaled residual stream) keep one
 program per layer and size, so they cost no compiles; a design that split each layer into two
 programs would leave (115 − 8) // 60 = 1 size per layer kind, no decode tier besides prefill.
@@ -152,12 +154,27 @@ def plan_sizes(layers: int, context: int, budget: int, multiple: int = 1) -> Siz
 Seconds = Callable[[str, int], float]  # predicted seconds of one pass: ("prefill", bucket) or ("decode", tier)
 
 
-def decode_seconds(start: int, stop: int, plan: SizePlan, seconds: Seconds) -> float:
-    """Predicted seconds of the decode steps at positions start..stop-1, each at its tier."""
+def decode_groups(start: int, stop: int, plan: SizePlan, seconds: Seconds, chunk: int = 1) -> list[int]:
+    """How positions start..stop-1 run after a prefill bucket or a held prefix: in order, groups
+    of one decode step each, or of up to `chunk` tokens in two passes of every column of their
+    tier's programs (`DevicePasses._decode_hidden`) where those are predicted cheaper."""
+    groups, p = [], start
+    stop = min(stop, plan.decode[-1])  # no position past the last tier (a test's longer prompt)
+    while p < stop:
+        k = min(chunk, stop - p)
+        tier = plan.tier(p + k - 1)
+        k = k if k > 1 and 2 * seconds("chunk", tier) < k * seconds("decode", tier) else 1
+        groups.append(k)
+        p += k
+    return groups
+
+
+def decode_seconds(start: int, stop: int, plan: SizePlan, seconds: Seconds, chunk: int = 1) -> float:
+    """Predicted seconds of positions start..stop-1 run as `decode_groups` runs them."""
     total, p = 0.0, start
-    for t in plan.decode:
-        if p < min(stop, t):
-            total, p = total + (min(stop, t) - p) * seconds("decode", t), min(stop, t)
+    for k in decode_groups(start, stop, plan, seconds, chunk):
+        total += 2 * seconds("chunk", plan.tier(p + k - 1)) if k > 1 else seconds("decode", plan.tier(p))
+        p += k
     return total
 
 
@@ -172,23 +189,23 @@ def bucket_options(n: int, plan: SizePlan, bound: Collection[int]) -> list[int]:
     return sorted(b for b in sizes if b < n or b == fits)
 
 
-def choose_bucket(n: int, plan: SizePlan, bound: Collection[int], seconds: Seconds) -> int:
+def choose_bucket(n: int, plan: SizePlan, bound: Collection[int], seconds: Seconds, chunk: int = 1) -> int:
     """The bucket a prompt of n tokens on an empty cache prefills with: of `bucket_options`,
     the one whose pass plus the decode steps of the tokens past it (prefill programs start at
     position 0) is predicted fastest; ties go to fewer decode steps, then the smaller bucket."""
     def cost(b: int) -> float:
-        return seconds("prefill", b) + decode_seconds(min(n, b), n, plan, seconds)
+        return seconds("prefill", b) + decode_seconds(min(n, b), n, plan, seconds, chunk)
     return min(bucket_options(n, plan, bound), key=lambda b: (cost(b), -min(n, b), b))
 
 
-def resume_pays(n: int, held: int, plan: SizePlan, bound: Collection[int], seconds: Seconds) -> bool:
+def resume_pays(n: int, held: int, plan: SizePlan, bound: Collection[int], seconds: Seconds, chunk: int = 1) -> bool:
     """Whether a cache holding a prompt's first `held` of n positions should be resumed (the
     rest decoded one by one: prefill programs start at position 0) rather than the whole prompt
     prefilled anew in `choose_bucket`'s bucket: a short shared prefix (a template's first
     line) saves less than the decode steps of a long new turn cost."""
-    b = choose_bucket(n, plan, bound, seconds)
-    anew = seconds("prefill", b) + decode_seconds(min(n, b), n, plan, seconds)
-    return decode_seconds(held, n, plan, seconds) <= anew
+    b = choose_bucket(n, plan, bound, seconds, chunk)
+    anew = seconds("prefill", b) + decode_seconds(min(n, b), n, plan, seconds, chunk)
+    return decode_seconds(held, n, plan, seconds, chunk) <= anew
 
 
 def serving_buckets(plan: SizePlan, bound: Collection[int], seconds: Seconds) -> tuple[int, ...]:

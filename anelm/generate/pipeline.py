@@ -61,7 +61,7 @@ from ..device.base import Device
 from ..device.emulator_matvec import HalfMatrix
 from ..device.fp16 import round_fp16
 from ..device.select import get_device
-from ..kernels.decode import decode_layer, decode_mask
+from ..kernels.decode import decode_layer
 from ..kernels.int8 import plan_layer
 from ..kernels.layers import layer_params, layer_shape, rope_full_tables, stream_scale_for
 from ..kernels.lora import layer_lora, plan_slots
@@ -72,8 +72,9 @@ from ..models.layers import layer_inv_freqs, rope_tables
 from ..models.loading import build_model
 from ..models.names import layer_prefix, layer_weights, target_roles
 from ..runtime.kernel import Kernel
-from .device_plan import (MAX_CONTEXT, DeviceCache, choose_bucket, evaluation_seconds, plan_sizes, resume_pays,
-                          ring_size, serving_buckets)
+from .device_passes import DevicePasses, chunk_width
+from .device_plan import (MAX_CONTEXT, DeviceCache, choose_bucket, decode_groups, evaluation_seconds, plan_sizes,
+                          resume_pays, ring_size, serving_buckets)
 from .program_store import LayerBlobs, digest, find_or_build, program_store, recipe_key
 
 
@@ -102,8 +103,8 @@ def calibration_ids(config: Any, n: int = 16) -> list[int]:
     return [first] + [int(i) for i in np.linspace(0, config.vocab_size - 1, n - 1)]
 
 
-class DeviceRunner:
-    """A Runner whose decoder layers run as compiled programs on `device`."""
+class DeviceRunner(DevicePasses):
+    """A Runner whose decoder layers run as compiled programs on `device` (`DevicePasses`)."""
 
     def __init__(self, config: Any, weights: dict[str, np.ndarray], device: Device,
                  max_context: int | None = None, adapter: Any = None, lora_rank: int | None = None,
@@ -121,6 +122,7 @@ class DeviceRunner:
         self.shapes = [replace(layer_shape(config, i), stream_scale=self.stream_scale) for i in range(n)]
         # sliding-window layers keep a ring of their window in the cache (DeviceCache)
         self.rings = tuple(ring_size(s.window, self.columns) for s in self.shapes)
+        self.chunk = chunk_width(self.columns, [s.window for s in self.shapes], self.rings)  # tokens a pass takes
         # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
         quant = getattr(weights, "quant", None)  # a quantized folder (models/quantized.py): int8 linears
         self._store = program_store()
@@ -189,45 +191,50 @@ class DeviceRunner:
             bucket = self.prefill_bucket(len(ids))
             start = min(len(ids), bucket)
             hidden.append(self._prefill_hidden(ids[:start], cache, bucket))
-        hidden += [self._decode_hidden(int(t), cache) for t in ids[start:]]
+        for k in decode_groups(start, len(ids), self.plan, self.pass_seconds, self.chunk):  # the rest
+            hidden.append(self._decode_hidden(ids[start:start + k], cache))
+            start += k
         h = np.concatenate(hidden)  # [T, D]
         return self._logits(h[-1:] if last_only else h)
 
     def decode(self, token: int, cache: DeviceCache) -> np.ndarray:
         """One token at position cache.length; logits [V]."""
         self.cpu._check_ids([token], cache)
-        return self._logits(self._decode_hidden(int(token), cache))[0]
+        return self._logits(self._decode_hidden([int(token)], cache))[0]
 
     def prefill_bucket(self, n: int) -> int:
         """The bucket a prompt of n tokens on an empty cache prefills with; its tokens past the
         bucket are decoded (`device_plan.choose_bucket`, by the device's predicted times). A
         size not bound yet takes a free prefill slot: the compile budget is never exceeded."""
-        bucket = choose_bucket(n, self.plan, self.buckets, self.pass_seconds)
+        bucket = choose_bucket(n, self.plan, self.buckets, self.pass_seconds, self.chunk)
         if bucket not in self.buckets:
             self.buckets.append(bucket)
         return bucket
 
     def positions_to_reuse(self, n: int, held: int) -> int:
         """Of `held` cached positions of an n-token prompt, how many to keep: all, or none (`resume_pays`)."""
-        return held if held == 0 or resume_pays(n, held, self.plan, self.buckets, self.pass_seconds) else 0
+        return held if held == 0 or resume_pays(n, held, self.plan, self.buckets, self.pass_seconds, self.chunk) else 0
 
     def pass_seconds(self, kind: str, size: int) -> float:
-        """Predicted seconds of one pass over every layer of a prefill bucket or decode tier,
+        """Predicted seconds of one pass over every layer of a prefill bucket, a decode tier
+        (one token: column 0 alone) or a chunk at a tier (every column of the decode programs),
         from the programs' cost annotations (`device_plan.evaluation_seconds`: the emulator's
         own time when it is the device, else the chip's); a ring layer's decode reads its ring."""
         if (kind, size) not in self._seconds:
+            program = "prefill" if kind == "prefill" else "decode"
+            share = 1 / self.columns if kind == "decode" else 1.0  # one token: column 0 alone
             widths = [size if kind == "prefill" else min(size, r or size) for r in self.rings]
-            each = {w: self._evaluation_seconds(kind, widths.index(w), w) for w in set(widths)}
+            each = {w: self._evaluation_seconds(program, widths.index(w), w, share) for w in set(widths)}
             self._seconds[(kind, size)] = sum(each[w] for w in widths)
         return self._seconds[(kind, size)]
 
-    def _evaluation_seconds(self, kind: str, i: int, size: int) -> float:
+    def _evaluation_seconds(self, kind: str, i: int, size: int, share: float) -> float:
         key = (kind, i, size)
         if key in self.kernels:
             art = self.kernels[key].artifact
         else:  # its program, built or found now, is the one `_kernel` compiles if it is chosen
             art = self._arts[key] = self._arts.get(key) or self._program(kind, i, size)
-        return evaluation_seconds(art, self.device, 1 / self.columns if kind == "decode" else 1.0)
+        return evaluation_seconds(art, self.device, share)
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
         """Hidden states [T, D] -> logits [T, V]: the CPU model's final norm, the fp16 head."""
@@ -283,62 +290,6 @@ class DeviceRunner:
         for k in self.kernels.values():
             k.close()
         self.kernels.clear()
-
-    # --- the device passes ------------------------------------------------------------------
-    def _prefill_hidden(self, ids: np.ndarray, cache: DeviceCache, seq: int) -> np.ndarray:
-        """Positions 0..n-1 through every layer's program of bucket `seq`; fills the cache; [n, D]."""
-        n, d = len(ids), self.config.hidden_size
-        cache.reserve(self.plan.tier(n - 1))  # room for n positions, in the tier decode reads next
-        x = np.zeros((1, d, 1, seq), np.float32)
-        x[0, :, 0, :n] = self.cpu.embed(ids, np.arange(n)).T / self.stream_scale  # [n, D] -> [D, n]
-        x[..., n:] = x[..., n - 1:n]  # padding: the last token again (below)
-        for i in range(len(self.layers)):
-            lora = self.lora_inputs[i]
-            out = self._kernel("prefill", i, seq).run({"x": x, **lora}, exact=(*lora, *(() if i == 0 else ("x",))))
-            cache.fill(i, out["k"].reshape(-1, seq)[:, :n], out["v"].reshape(-1, seq)[:, :n])  # [Hkv,1,Dh,S] -> [C, n]
-            x = out["y"]
-            # Padding columns restart as copies of the last real column: causal attention keeps
-            # them out of real rows, but a masked key's zero probability times an inf value is
-            # NaN, so they must stay finite; zeros were not real inputs, and through Gemma's
-            # post-norms they reached an int8 down projection's sum of ~127,000 (real ones: 808)
-            x[..., n:] = x[..., n - 1:n]
-        cache.advance(n)
-        return x[0, :, 0, :n].T.astype(np.float32) * self.stream_scale  # [D, n] -> [n, D]
-
-    def _decode_hidden(self, token: int, cache: DeviceCache) -> np.ndarray:
-        """The token at position cache.length through every layer; appends its K/V; [1, D]."""
-        pos, d, s = cache.length, self.config.hidden_size, self.shapes[0]
-        tier = self.plan.tier(pos)
-        cache.reserve(tier)
-        # the token in column 0 of the padded width, zeros after (every layer's input starts so)
-        x = np.zeros((1, d, 1, self.columns), np.float32)
-        x[0, :, 0, 0] = self.cpu.embed(np.array([token]), np.array([pos]))[0] / self.stream_scale
-        steps: dict[tuple, dict[str, np.ndarray]] = {}  # the step's inputs, made once per kind of layer
-        for i in range(len(self.layers)):
-            width = cache.columns(i, tier)  # a ring layer reads its ring, whatever the tier
-            kind = (width, self.shapes[i].window, id(self.inv_freqs[i]))
-            if kind not in steps:
-                steps[kind] = self._step_inputs(pos, width, self.shapes[i].window, self.rings[i], self.inv_freqs[i])
-            heads = (s.kv_heads, 1, s.head_dim, width)
-            req = cache.request(i, self._kernel("decode", i, width), width, heads)
-            for name, a in (steps[kind] | self.lora_inputs[i]).items():  # fp16 values already
-                req.write(name, a, exact=True)
-            req.write("x", x, exact=i > 0)
-            out = req.run()
-            cache.put(i, pos, out["k_new"][..., :1], out["v_new"][..., :1])  # column 0: the token's
-            x[..., 0] = out["y"][..., 0]  # column 0 goes on; the padding stays zeros
-        cache.advance(1)
-        return x[..., 0].reshape(1, d).astype(np.float32) * self.stream_scale  # [1, D, 1, W] -> [1, D]
-
-    def _step_inputs(self, pos: int, width: int, window: int | None, ring: int | None,
-                     inv_freq: np.ndarray | None) -> dict:
-        """A decode step's mask and RoPE inputs for layers of one width, window and RoPE base, as fp16."""
-        step = {"mask": decode_mask(pos, width, window, ring)}
-        if inv_freq is not None:
-            cos, sin = rope_full_tables(*rope_tables(np.array([pos]), inv_freq))  # [1, 1, Dh, 1]
-            pad = [(0, 0)] * 3 + [(0, self.columns - 1)]
-            step.update(cos=np.pad(cos, pad), sin=np.pad(sin, pad))  # -> [1, 1, Dh, W]
-        return {name: round_fp16(a) for name, a in step.items()}
 
     def _kernel(self, kind: str, i: int, size: int) -> Kernel:
         """The program of layer i for a prefill bucket or decode tier, compiled on first use;

@@ -4,11 +4,12 @@ Inputs (declared in alphabetical order, so they bind as declared, strict §2.2),
 (`columns`: 16 under `strict`, whose I/O widths are multiples of 16, §2.10; the token is in
 column 0 and the other columns are zeros, as Orion decodes):
 
-    cos, sin  [1, 1, Dh, W]   RoPE of the token's position (Llama/Qwen3 only: they change per step)
+    cos, sin  [1, 1, Dh, W]   RoPE of each column's position (Llama/Qwen3 only: they change per step)
     k_cache   [Hkv, 1, Dh, T] the layer's keys at positions 0..T-1 (post-RoPE), as the cache stores them
-    mask      [1, 1, 1, T]    additive: 0 where a position holds a past token, −1e4 elsewhere
+    mask      [1, 1, T, W]    additive, per column: 0 where a position holds a token before the
+                              column's own, −1e4 elsewhere
     v_cache   [Hkv, 1, Dh, T]
-    x         [1, D, 1, W]    the token's hidden state
+    x         [1, D, 1, W]    the tokens' hidden states
 
 The caches are declared with their heads split: the same packed bytes as the `[1, C, 1, T]`
 layout (C = Hkv·Dh, head-major), without a reshape op that would pass over the whole cache.
@@ -28,6 +29,13 @@ No op mixes columns: the scores are `[Hkv, G, T, W]` (cache positions down, colu
 s_new is each column's own q·k, and every reduction runs over positions or channels. So each
 column is a token of its own, padding cannot reach column 0, and the emulator evaluates only
 the column the host reads (device/emulator_columns.py).
+
+Several tokens at once (a chunk of up to W, `decode_mask(tokens=k)`): column j is the token at
+position length + j, which must also see the chunk's tokens before it. Their keys are no
+column's input, so the host runs the program twice: the first pass's k_new and v_new (a layer's
+keys and values depend on its input alone, not on attention) go into the cache, and the second
+pass, each column's mask hiding the positions from its own on, gives y. Two passes of one
+program serve up to W tokens where decoding them took W passes, and nothing new is compiled.
 """
 
 from __future__ import annotations
@@ -44,11 +52,10 @@ from .lora import Slot, slot_input_shapes, slot_values
 def cached_attention(b: GraphBuilder, s: LayerShape, qh: Value, kh: Value, vh: Value,
                      kc: Value, vc: Value, mask: Value) -> Value:
     """W queries (pre-scaled), each over the cache plus its own key; qh `[Hkv,G,Dh,W]`, kh/vh
-    `[Hkv,1,Dh,W]`, caches kc/vc `[Hkv,1,Dh,T]`, mask `[1,1,1,T]`. Returns `[1, H·Dh, 1, W]`."""
-    width, cap = qh.shape[3], kc.shape[3]
+    `[Hkv,1,Dh,W]`, caches kc/vc `[Hkv,1,Dh,T]`, mask `[1,1,T,W]`. Returns `[1, H·Dh, 1, W]`."""
+    width = qh.shape[3]
     sc = b.matmul(kc, qh, transpose_x=True, name="attn_qk")  # [Hkv,1,T,Dh]·[Hkv,G,Dh,W] -> [Hkv,G,T,W]
-    down = b.reshape(mask, [1, 1, cap, 1], name="attn_mask_t")  # positions down the rows
-    sc = b.add(sc, down, name="attn_masked")
+    sc = b.add(sc, mask, name="attn_masked")  # positions down the rows, each column its own
     sn = b.reduce_sum(b.mul(qh, kh, name="attn_qk_new"), axes=[2], name="attn_new")  # [Hkv,G,1,W]
     m = b.maximum(b.reduce_max(sc, axes=[2], name="attn_max_cache"), sn, name="attn_max")
     ec = b.exp(b.sub(sc, m, name="attn_shift"), name="attn_e")  # [Hkv,G,T,W]
@@ -67,7 +74,7 @@ def decode_layer(s: LayerShape, p: dict, capacity: int, rope: bool, name: str = 
     inputs too."""
     b = GraphBuilder(name)
     heads = [s.kv_heads, 1, s.head_dim, capacity]
-    shapes = {"k_cache": heads, "mask": [1, 1, 1, capacity], "v_cache": heads, "x": [1, s.d, 1, columns],
+    shapes = {"k_cache": heads, "mask": [1, 1, capacity, columns], "v_cache": heads, "x": [1, s.d, 1, columns],
               **slot_input_shapes(lora)}
     if rope:
         shapes.update(cos=[1, 1, s.head_dim, columns], sin=[1, 1, s.head_dim, columns])
@@ -82,15 +89,16 @@ def decode_layer(s: LayerShape, p: dict, capacity: int, rope: bool, name: str = 
     return b.build()
 
 
-def decode_mask(length: int, capacity: int, window: int | None = None, ring: int | None = None) -> np.ndarray:
-    """[1, 1, 1, capacity]: positions below `length` hold past tokens, the rest are hidden; with
-    a sliding `window`, the token at `length` sees only the window − 1 positions before it.
-    `ring`: the cache holds position p in column p mod ring (`DeviceCache`), so the columns
-    seen are those of the positions seen."""
-    m = np.full((1, 1, 1, capacity), MASK_VALUE, np.float16)
-    first = max(0, length - window + 1) if window else 0
-    if ring is None:
-        m[..., first:length] = 0.0
-    else:
-        m[..., np.arange(first, length) % ring] = 0.0
+def decode_mask(length: int, capacity: int, window: int | None = None, ring: int | None = None,
+                columns: int = 1, tokens: int = 1) -> np.ndarray:
+    """[1, 1, capacity, columns]: column j < `tokens` is the token at position length + j and
+    sees the positions before it (the chunk's earlier tokens too: the module doc); with a
+    sliding `window`, only the window − 1 positions before it. `ring`: the cache holds position
+    p in column p mod ring (`DeviceCache`), so the columns seen are those of the positions seen.
+    Padding columns repeat the last token's."""
+    m = np.full((1, 1, capacity, columns), MASK_VALUE, np.float16)
+    for j in range(columns):
+        p = length + min(j, tokens - 1)
+        seen = np.arange(max(0, p - window + 1) if window else 0, p)
+        m[0, 0, seen if ring is None else seen % ring, j] = 0.0
     return m

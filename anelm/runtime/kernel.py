@@ -119,10 +119,11 @@ class Kernel:
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self.run(arrays)
 
-    def _evaluate(self, in_surfaces: list[Surface]) -> dict[str, np.ndarray]:
+    def _evaluate(self, in_surfaces: list[Surface], batched: bool = False) -> dict[str, np.ndarray]:
         watch = self.warn_overflow and not warned(self.name)  # nothing to look for once it has warned
+        read = {"batched": True} if batched else self._read  # every column, whatever was promised
         with self._lock:  # output surfaces are shared: evaluate and read back as one step
-            found = self.device.evaluate(self.model, in_surfaces, self._out_surfaces, watch=watch, **self._read)
+            found = self.device.evaluate(self.model, in_surfaces, self._out_surfaces, watch=watch, **read)
             if watch and found is not None:
                 warn_overflow(self.name, found)
             got = {}
@@ -203,8 +204,9 @@ class Request:
         if not live:
             self._dirty.add(name)
 
-    def run(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
-        """Write the given inputs whole (others keep what was staged), evaluate, read outputs."""
+    def run(self, batched: bool = False, **arrays: np.ndarray) -> dict[str, np.ndarray]:
+        """Write the given inputs whole (others keep what was staged), evaluate, read outputs;
+        `batched`: every column of the outputs in one pass (`Device.evaluate`)."""
         self.kernel._check_open()
         for name, a in arrays.items():
             self.write(name, a)
@@ -212,7 +214,7 @@ class Request:
             i, spec = self._specs[name]
             self._put(i, spec, self._mirror[name])
         self._dirty.clear()
-        return self.kernel._evaluate(self.surfaces)
+        return self.kernel._evaluate(self.surfaces, batched)
 
     def close(self) -> None:
         for s in self.surfaces:

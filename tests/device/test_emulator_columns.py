@@ -70,7 +70,9 @@ def _inputs(model, rng, scale=1.0):
     out = {}
     for name, t in model.inputs:
         a = rng.standard_normal(t.shape).astype(np.float32) * scale
-        if name == "mask":
+        if name == "mask" and t.shape[2] > 1:  # decode's [1, 1, T, W]: positions down, columns across
+            a = np.broadcast_to(np.where(np.arange(t.shape[2]) < 40, 0.0, -1e4)[:, None], t.shape).astype(np.float32)
+        elif name == "mask":
             a = np.where(np.arange(t.shape[-1]) < 40, 0.0, -1e4).astype(np.float32).reshape(t.shape)
         out[name] = a.astype(np.float16).astype(np.float32)
     return out

@@ -302,8 +302,12 @@ def test_a_growing_cache_keeps_its_positions_and_zeros_the_rest():
 def test_ring_mask_shows_the_window_in_ring_columns():
     from anelm.kernels.decode import decode_mask
 
-    seen = lambda m: set(np.nonzero(m[0, 0, 0] == 0)[0].tolist())  # noqa: E731
+    seen = lambda m, j=0: set(np.nonzero(m[0, 0, :, j] == 0)[0].tolist())  # noqa: E731  (column j's)
     assert seen(decode_mask(5, 16, window=8, ring=16)) == {0, 1, 2, 3, 4}
     # position 21 sees 14..20 (the window of 8 holds itself): columns 14, 15, 0..4 of the ring
     assert seen(decode_mask(21, 16, window=8, ring=16)) == {14, 15, 0, 1, 2, 3, 4}
     assert seen(decode_mask(21, 32, window=8)) == set(range(14, 21))
+    # a chunk of 3 tokens from position 21 in 4 columns: each sees the positions before its own
+    m = decode_mask(21, 32, window=8, columns=4, tokens=3)
+    assert m.shape == (1, 1, 32, 4) and seen(m, 2) == set(range(16, 23)) and seen(m, 3) == seen(m, 2)
+    assert [seen(m, j) for j in range(3)] == [set(range(14 + j, 21 + j)) for j in range(3)]

@@ -141,7 +141,7 @@ def test_the_runner_predicts_from_its_programs_and_warm_fills_the_slots(tiny):
     assert store.take(list(range(1, 41)) + [3, 4])[1] == 40  # 2 steps against a whole bucket: resumed
 
 
-def test_smollm2_decodes_past_bucket_16_on_the_emulator_not_on_the_chip(smollm):
+def test_smollm2_decodes_past_bucket_16_on_the_emulator_and_on_the_chip_in_chunks(smollm):
     config, weights, _ = smollm
     runner = build_runner(config, weights, Emulator(STRICT), max_context=512)
     assert runner.plan.prefill == (16, 512) and runner.plan.decode == (512,)
@@ -149,5 +149,7 @@ def test_smollm2_decodes_past_bucket_16_on_the_emulator_not_on_the_chip(smollm):
     assert runner.prefill_bucket(37) == 16  # ~0.5 s: 16 columns and 21 steps, not 512 columns (~2 s)
     assert runner.prefill_bucket(300) == 512
     runner.device, runner._seconds = "ane", {}  # the chip's predicted times instead of the emulator's
-    assert runner.prefill_bucket(37) == 512
+    assert runner.prefill_bucket(37) == 16  # 21 tokens in two chunks of the decode programs: 4 passes
+    runner.chunk = 1
+    assert runner.prefill_bucket(37) == 512  # one token a step: 21 steps cost more than 512 columns
     runner.close()
