@@ -63,7 +63,8 @@ MAX_MODULE_LINES = 400
 # + 5: the W4 kernel form in kernels/int8.py's module doc (issue 34).
 # + 79: several tokens in one decode pass pair (issue 30: generate/device_passes.py, per-column decode
 # masks, batched evaluation; the passes moved out of pipeline.py).
-MAX_PACKAGE_LINES = 30265
+# + 7: GGUF's gpt-4o pre-tokenizer (issue 31: Phi-4-mini's GGUF files).
+MAX_PACKAGE_LINES = 30272
 
 
 def line_counts() -> dict[str, int]:

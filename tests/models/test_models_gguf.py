@@ -302,7 +302,7 @@ def test_train_init_from_reads_a_gguf(tiny):
     assert tok is not None and tok.encode("hi") == [1] + tiny["llama-spm"][1].encode("hi")
 
 
-@pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2", "smollm", "default"])
+@pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2", "smollm", "default", "gpt-4o"])
 def test_byte_level_pre_tokenizers(tmp_path, pre):
     """Each family's split against HF's GGUF tokenizer where HF has the same regex; every
     family round-trips. (HF splits smollm and default files as GPT-2 does; llama.cpp splits
@@ -320,7 +320,10 @@ def test_byte_level_pre_tokenizers(tmp_path, pre):
         assert ours.encode("1234") == [ours.tok.token_to_id(c) for c in "1234"]  # digits apart
     if pre == "default":  # digits in groups of three
         assert ours.encode("1234567") == ours.encode("123") + ours.encode("456") + ours.encode("7")
-    if pre in ("smollm", "default"):
+    if pre == "gpt-4o":  # o200k's split, as tiktoken documents it: a capital starts a word, digits in threes
+        words = [w for w, _ in ours.tok.pre_tokenizer.pre_tokenize_str("HelloWorld's 12345 iPhone\nDONE.\r\n")]
+        assert words == ["Hello", "World's", "Ġ", "123", "45", "Ġi", "Phone", "Ċ", "DONE", ".čĊ"]
+    if pre in ("smollm", "default", "gpt-4o"):  # HF's GGUF reader does not split these as llama.cpp does
         return
     w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
     for k, v in meta.items():
