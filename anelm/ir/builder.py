@@ -257,6 +257,17 @@ class GraphBuilder:
                 ins["offset"].type = TensorType(data_dtype, ins["offset"].type.shape)
         return self.op("constexpr_blockwise_shift_scale", ins, {}, name=n)
 
+    def constexpr_lut_to_dense(self, indices, indices_dtype: str, lut, name=None) -> Value:
+        """A palettized weight: `indices_dtype` (uint1..uint6, packed in the BLOBFILE) into fp16
+        tables `lut` of rank indices' + 2 (`[..blocks.., 2^bits, 1]`), made dense when the program
+        is compiled (iOS 18; ops_quant). The graph holds sub-byte indices in an int8 array (0..63 fit)."""
+        if indices_dtype not in ("uint1", "uint2", "uint3", "uint4", "uint6"):
+            raise ShapeError(f"palettized indices dtype {indices_dtype!r}; expected uint1, uint2, uint3, uint4 or uint6")
+        n = self.graph.peek_name(name or "palettized")
+        d = self.const(np.asarray(indices).astype(np.int8), name=f"{n}_indices", blob=True)
+        d.type = TensorType(indices_dtype, d.type.shape)
+        return self.op("constexpr_lut_to_dense", {"indices": d, "lut": self.weight(f"{n}_lut", lut)}, {}, name=n)
+
     def _operand_typed(self, v, dtype: str, name: str) -> Value:
         if isinstance(v, Value):
             return v

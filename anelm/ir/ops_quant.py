@@ -1,5 +1,6 @@
 """Affine quantization: quantize, dequantize, constexpr_affine_dequantize (iOS16-18 specs), and
-iOS 18's blockwise constexpr_blockwise_shift_scale (int4/uint4 weights, per-block scales).
+iOS 18's blockwise constexpr_blockwise_shift_scale (int4/uint4 weights, per-block scales) and
+palettized constexpr_lut_to_dense (uint1..uint8 indices into per-block lookup tables).
 
 quantize:   q = clip(round(x / scale) + zero_point) in the int8/uint8 range
 dequantize: x = scale * (q - zero_point)
@@ -149,3 +150,45 @@ def blockwise_dense(data: np.ndarray, scale: np.ndarray, offset: np.ndarray | No
 define("constexpr_blockwise_shift_scale", ("data", "scale", "offset"), _infer_blockwise,
        lambda x, p: [blockwise_dense(x["data"], x["scale"], x.get("offset"))],
        in_attrs=True, optional=("offset",), const_inputs=("data", "scale", "offset"))
+
+
+# --------------------------------------------------------------------------- iOS 18 palettized
+# constexpr_lut_to_dense (coremltools' iOS18 `compression.py`): output[i] = lut[g(i), indices[i]],
+# one table of 2^bits entries per block of indices.shape[j] / lut.shape[j] along each axis j.
+# Scalar tables only (VECTOR_SIZE 1, no vector_axis): the form our kernels emit.
+LUT_INDICES = ("uint1", "uint2", "uint3", "uint4", "uint6", "uint8")
+LUT_VALUES = ("int8", "uint8", "fp16", "fp32")
+
+
+def _infer_lut(t, p):
+    idx, lut = t["indices"], t["lut"]
+    if idx.dtype not in LUT_INDICES:
+        bad(f"indices of dtype among {list(LUT_INDICES)}", idx.dtype)
+    if lut.dtype not in LUT_VALUES:
+        bad(f"lut of dtype among {list(LUT_VALUES)}", lut.dtype)
+    ds, ls = tuple(idx.shape or ()), tuple(lut.shape or ())
+    if not ds or len(ls) != len(ds) + 2 or any(s < 1 or d % s for d, s in zip(ds, ls)):
+        bad(f"lut of rank {len(ds) + 2} whose first {len(ds)} dims divide indices' {list(ds)}", list(ls))
+    bits = int(idx.dtype[4:])
+    if ls[-2] != 2 ** bits:
+        bad(f"lut's second last dim 2^{bits} = {2 ** bits} entries for {idx.dtype} indices", ls[-2])
+    if ls[-1] != 1 or "vector_axis" in t:
+        bad("a scalar lut (last dim 1, no vector_axis): vector palettization is not supported", list(ls))
+    return [TensorType(lut.dtype, ds)]
+
+
+def lut_dense(indices: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """coremltools' `optimize_utils.lut_to_dense` for VECTOR_SIZE 1: each table repeated over its
+    block of indices, then the entry the index names. A selection: no arithmetic to round."""
+    lut = _in_fp16(lut)
+    indices = np.asarray(indices)
+    rep = lut.reshape(lut.shape[:-1])  # [..blocks.., 2^bits]
+    for axis, (d, s) in enumerate(zip(indices.shape, rep.shape)):
+        if d // s > 1:
+            rep = np.repeat(rep, d // s, axis)
+    return np.take_along_axis(rep, indices.astype(np.int64)[..., None], axis=-1)[..., 0]
+
+
+define("constexpr_lut_to_dense", ("indices", "lut", "vector_axis"), _infer_lut,
+       lambda x, p: [lut_dense(x["indices"], x["lut"])],
+       in_attrs=True, optional=("vector_axis",), const_inputs=("indices", "lut", "vector_axis"))

@@ -37,7 +37,7 @@ from .validate import resident_weight_bytes
 # constexpr_* ops make a weight when the program is compiled (or as its data streams in): no
 # evaluation-time arithmetic; their stored operands are what `weight_bytes` counts
 FREE_OPS = {"const", "reshape", "slice_by_size", "slice_by_index", "transpose", "identity", "cast",
-            "constexpr_affine_dequantize", "constexpr_blockwise_shift_scale"}
+            "constexpr_affine_dequantize", "constexpr_blockwise_shift_scale", "constexpr_lut_to_dense"}
 
 
 def _is_int8_path(n: Node) -> bool:
