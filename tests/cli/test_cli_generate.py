@@ -122,6 +122,9 @@ def test_chat_uses_the_template_and_streams_replies(model_dir, capsys, monkeypat
     monkeypatch.setattr(DeviceRunner, "prefill",
                         lambda self, ids, cache, **kw: ran.append((cache.length, list(ids))) or
                         prefill(self, ids, cache, **kw))
+    # decode passes predicted cheap: the held conversation is resumed, never prefilled anew (for a
+    # model this small a bucket can be predicted faster than two steps: test_prefill_policy.py)
+    monkeypatch.setattr(DeviceRunner, "pass_seconds", lambda self, kind, size: 1.0 if kind == "prefill" else 1e-6)
     rc, out, err = cli(capsys, "chat", "--model", str(chat_dir), "--temperature", "0", "--max-tokens", "4")
     first = hf_greedy(hf, [5, 6], 4)
     second_prompt = [5, 6] + first + [7]
