@@ -291,7 +291,8 @@ class AneDevice(Device):
         self._fw.load(m.ptr)
 
     def evaluate(self, model: AneModel, inputs: list[Surface], outputs: list[Surface], watch: bool = False,
-                 read_columns: int | None = None, batched: bool = False):  # the chip computes every column
+                 read_columns: int | None = None, batched: bool = False,
+                 only: tuple[str, ...] | None = None):  # the chip computes every column and output
         m = self._own(model)
         if not m.loaded:
             raise DeviceError("evaluate: the model is not loaded; call device.load(model) first")

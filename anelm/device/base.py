@@ -134,7 +134,7 @@ class Device(ABC):
 
     @abstractmethod
     def evaluate(self, model, inputs: list[Surface], outputs: list[Surface], watch: bool = False,
-                 read_columns: int | None = None, batched: bool = False):
+                 read_columns: int | None = None, batched: bool = False, only: tuple[str, ...] | None = None):
         """Run once. Surfaces bind by position in the profile's binding order.
 
         With `watch`, returns an `overflow.Overflow` naming where a result first came out inf
@@ -144,7 +144,9 @@ class Device(ABC):
         others unwritten. The ANE computes every column anyway; the emulator skips the rest
         when the program is column-separable (`emulator_columns`). `batched` asks for every
         column in one pass (a caller that reads most of them: the emulator's one product over
-        all columns beats one per column, its sums rounding as the full plan's do).
+        all columns beats one per column, its sums rounding as the full plan's do). `only`
+        names the outputs the caller reads: the others may be left as they were (the emulator
+        runs only the steps those need; the ANE runs the whole program).
         """
 
     @abstractmethod

@@ -41,7 +41,7 @@ from .base import Device, Surface, charge_compile
 from .emulator_checks import check_function
 from .emulator_cache import dump_plan, kernel_store, load_plan
 from .emulator_columns import ColumnPlan, column_axes, column_plan
-from .emulator_builder import Resolver, build_plan
+from .emulator_builder import Resolver, build_plan, pruned
 from .emulator_plan import Plan
 from .emulator_surface import ShadowedSurface
 from .overflow import Overflow
@@ -66,6 +66,15 @@ class EmulatedModel:
     checked: tuple = ()  # the input and output surfaces of the last request that passed the checks
     _owners: tuple | None = field(default=None, repr=False)  # (plan, const_owners) for the current plan
     _source: tuple | None = field(default=None, repr=False)  # (mil_text, blobs) until the folder is written
+    _pruned: dict = field(default_factory=dict, repr=False)  # outputs -> (the plan cut, the cut)
+
+    def pruned(self, outputs: tuple[str, ...]) -> Plan:
+        """The current plan cut to what `outputs` need (`emulator_builder.pruned`), made once
+        per plan (a reload's new plan is cut anew)."""
+        held = self._pruned.get(outputs)
+        if held is None or held[0] is not self.plan:
+            held = self._pruned[outputs] = (self.plan, pruned(self.plan, outputs))
+        return held[1]
 
     @property
     def folder(self) -> Path:
@@ -171,7 +180,8 @@ class Emulator(Device):
 
     # --- requests ---------------------------------------------------------------------------
     def evaluate(self, model: EmulatedModel, inputs: list[Surface], outputs: list[Surface],
-                 watch: bool = False, read_columns: int | None = None, batched: bool = False) -> Overflow | None:
+                 watch: bool = False, read_columns: int | None = None, batched: bool = False,
+                 only: tuple[str, ...] | None = None) -> Overflow | None:
         if not model.loaded:
             raise DeviceError("evaluate on a model that is not loaded; call load() first", code=BAD_REQUEST)
         request = (list(inputs), list(outputs), [s.nbytes for s in (*inputs, *outputs)])
@@ -186,7 +196,9 @@ class Emulator(Device):
             else:
                 arrays[name] = read_packed(s, t)
         found: list[Overflow] = []
-        if model.columns is not None and not batched:  # column-separable: only the columns the caller reads
+        if only is not None:  # the steps the outputs read need, every column at once
+            results = model.pruned(only).run(arrays, exact, overflow=found if watch else None)
+        elif model.columns is not None and not batched:  # column-separable: only the columns the caller reads
             results = model.columns.run(arrays, exact, read_columns, model.plan, overflow=found if watch else None)
         else:
             results = model.plan.run(arrays, exact, overflow=found if watch else None)
@@ -195,6 +207,8 @@ class Emulator(Device):
         # output's) becomes its output surface's content as it is, without a copy.
         taken = {id(_owner(a)) for a in arrays.values()} | model.const_owners()
         for (name, t), s in zip(model.outputs, outputs):
+            if name not in results:  # not asked for (`only`): the surface keeps what it held
+                continue
             if t.dtype == "fp16" and isinstance(s, ShadowedSurface):
                 r, owner = results[name], id(_owner(results[name]))
                 if rounded and owner not in taken and s.adopt_half(r):

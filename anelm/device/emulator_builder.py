@@ -339,6 +339,20 @@ def _plan_frees(p: Plan) -> None:
             p.steps[i].free.append(name)
 
 
+def pruned(p: Plan, outputs: tuple[str, ...]) -> Plan:
+    """The steps of `p` that `outputs` need, as a plan of their own: an evaluation whose caller
+    reads only those outputs runs nothing else (a decode chunk's first pass wants only the keys
+    and values, which come before the attention and the MLP)."""
+    need, steps = set(outputs), []
+    for st in reversed(p.steps):
+        if any(name in need for name, _ in st.outs):
+            steps.append(replace(st, free=[]))
+            need.update(st.keys())
+    q = replace(p, outputs=list(outputs), steps=steps[::-1], record=[])
+    _plan_frees(q)
+    return q
+
+
 def finished_parts(p: Plan) -> tuple[list[str], list[list[str]]]:
     """What `finish` found for a plan: the consts it kept, and each step's frees."""
     return list(p.consts), [list(st.free) for st in p.steps]

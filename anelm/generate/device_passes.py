@@ -3,7 +3,8 @@ program, and tokens through every layer's decode program, with the KV cache kept
 
 Decode programs take several tokens at once as well as one (kernels/decode.py): a chunk of up to
 the program's padded width runs in two passes where its tokens would take one each, which is
-what the tokens a prefill bucket does not hold, and a resumed conversation's new turn, cost. A
+what the tokens a prefill bucket does not hold, and a resumed conversation's new turn, cost (the
+emulator runs the first pass only as far as the keys and values: `Device.evaluate(only=...)`). A
 chunk is as wide as every layer's cache allows: a ring must keep the window of the chunk's first
 token while the chunk's own keys go in (`chunk_width`).
 """
@@ -74,7 +75,7 @@ class DevicePasses:
             for name, a in (steps[kind] | self.lora_inputs[i]).items():  # fp16 values already
                 req.write(name, a, exact=True)
             req.write("x", x, exact=i > 0)
-            out = req.run(batched=k > 1)
+            out = req.run(batched=k > 1, only=("k_new", "v_new") if k > 1 else None)  # a chunk's keys first
             for j in range(k):  # column j: the token at pos + j
                 cache.put(i, pos + j, out["k_new"][..., j:j + 1], out["v_new"][..., j:j + 1])
             if k > 1:  # the chunk's keys are in the cache now

@@ -157,7 +157,8 @@ Seconds = Callable[[str, int], float]  # predicted seconds of one pass: ("prefil
 def decode_groups(start: int, stop: int, plan: SizePlan, seconds: Seconds, chunk: int = 1) -> list[int]:
     """How positions start..stop-1 run after a prefill bucket or a held prefix: in order, groups
     of one decode step each, or of up to `chunk` tokens in two passes of every column of their
-    tier's programs (`DevicePasses._decode_hidden`) where those are predicted cheaper."""
+    tier's programs (`DevicePasses._decode_hidden`) where those are predicted cheaper (two whole
+    passes: on the emulator the first runs only the steps the keys need, so less than that)."""
     groups, p = [], start
     stop = min(stop, plan.decode[-1])  # no position past the last tier (a test's longer prompt)
     while p < stop:

@@ -119,9 +119,12 @@ class Kernel:
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self.run(arrays)
 
-    def _evaluate(self, in_surfaces: list[Surface], batched: bool = False) -> dict[str, np.ndarray]:
+    def _evaluate(self, in_surfaces: list[Surface], batched: bool = False,
+                  only: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
         watch = self.warn_overflow and not warned(self.name)  # nothing to look for once it has warned
-        read = {"batched": True} if batched else self._read  # every column, whatever was promised
+        read = {"batched": True} if batched else dict(self._read)  # every column, whatever was promised
+        if only is not None:  # by MIL name; the others come back as their surfaces held them
+            read["only"] = tuple(self._mil.get(n, n) for n in only)
         with self._lock:  # output surfaces are shared: evaluate and read back as one step
             found = self.device.evaluate(self.model, in_surfaces, self._out_surfaces, watch=watch, **read)
             if watch and found is not None:
@@ -204,9 +207,11 @@ class Request:
         if not live:
             self._dirty.add(name)
 
-    def run(self, batched: bool = False, **arrays: np.ndarray) -> dict[str, np.ndarray]:
+    def run(self, batched: bool = False, only: tuple[str, ...] | None = None,
+            **arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Write the given inputs whole (others keep what was staged), evaluate, read outputs;
-        `batched`: every column of the outputs in one pass (`Device.evaluate`)."""
+        `batched`: every column of the outputs in one pass; `only`: the outputs the caller reads
+        (the others are stale) (`Device.evaluate`)."""
         self.kernel._check_open()
         for name, a in arrays.items():
             self.write(name, a)
@@ -214,7 +219,7 @@ class Request:
             i, spec = self._specs[name]
             self._put(i, spec, self._mirror[name])
         self._dirty.clear()
-        return self.kernel._evaluate(self.surfaces, batched)
+        return self.kernel._evaluate(self.surfaces, batched, only)
 
     def close(self) -> None:
         for s in self.surfaces:

@@ -169,3 +169,17 @@ def test_kernel_read_columns_through_the_device():
     for out in ("k_new", "v_new", "y"):
         assert np.array_equal(narrow[out][..., 0], full[out][..., 0])
 
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_an_evaluation_of_some_outputs_runs_only_their_steps(kind):
+    """`only` (Device.evaluate): a decode chunk's first pass reads k_new and v_new alone, which
+    come before the attention and the MLP; the cut plan gives them bit for bit, in fewer steps."""
+    _, _, model = _compiled(_decode(kind))
+    x = _inputs(model, np.random.default_rng(2))
+    full = model.plan.run(x)
+    cut = model.pruned(("k_new", "v_new"))
+    got = cut.run(x)
+    assert set(got) == {"k_new", "v_new"} and len(cut.steps) < len(model.plan.steps) // 2
+    assert all(np.array_equal(got[n], full[n]) for n in got)
+    assert model.pruned(("k_new", "v_new")) is cut  # cut once per plan
