@@ -66,7 +66,8 @@ MAX_MODULE_LINES = 400
 # + 7: GGUF's gpt-4o pre-tokenizer (issue 31: Phi-4-mini's GGUF files).
 # + 57: constexpr_lut_to_dense in the op table, its builder method, constexpr operands past rank 4 (issue 34).
 # + 38: an evaluation of some outputs runs only their steps (issue 30: a decode chunk's first pass).
-MAX_PACKAGE_LINES = 30367
+# + 1: Qwen2's and SmolLM3's optional window on some layers, one implementation in models/config.py.
+MAX_PACKAGE_LINES = 30368
 
 
 def line_counts() -> dict[str, int]:

@@ -302,6 +302,29 @@ class Gemma3TextConfig(LlamaConfig):
 
 ModelConfig = LlamaConfig | Qwen3Config | GPT2Config | Gemma3TextConfig
 
+ATTENTION_KINDS = ("full_attention", "sliding_attention")  # HF's `layer_types`
+
+
+def set_layer_types(c: LlamaConfig, sliding: Any) -> None:
+    """HF's `layer_types` of a config whose optional window (`use_sliding_window`,
+    `sliding_window`) falls on the layers i where `sliding(i)` holds, unless the config names
+    them itself; checked either way (Qwen2, SmolLM3)."""
+    windowed = c.use_sliding_window and c.sliding_window is not None
+    n = c.num_hidden_layers
+    if c.layer_types is None:
+        c._set("layer_types", tuple(ATTENTION_KINDS[windowed and sliding(i)] for i in range(n)))
+    if len(c.layer_types) != n or not set(c.layer_types) <= set(ATTENTION_KINDS):
+        raise c._fail(f"layer_types must name full_attention or sliding_attention for each of {n} layers, "
+                      f"got {list(c.layer_types)}")
+    if windowed:
+        c._require_positive("sliding_window")
+
+
+def layer_window(c: LlamaConfig, index: int) -> int | None:
+    """The window of layer `index` of such a config (keys it sees, itself included), or None."""
+    on = c.use_sliding_window and c.layer_types[index] == "sliding_attention"
+    return c.sliding_window if on else None
+
 
 def config_class(model_type: Any, source: str = "config") -> type:
     """The config class of HF `model_type` (its architecture's, `registry.py`)."""

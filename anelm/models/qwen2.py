@@ -15,10 +15,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import llama
-from .config import LlamaConfig
+from .config import LlamaConfig, layer_window, set_layer_types
 
 ARCH = replace(llama.ARCH, model_type="qwen2", gguf_arch="qwen2")
-KINDS = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
@@ -45,20 +44,9 @@ class Config(LlamaConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        windowed = self.use_sliding_window and self.sliding_window is not None
-        if self.layer_types is None:
-            self._set("layer_types", tuple(KINDS[windowed and i >= self.max_window_layers]
-                                           for i in range(self.num_hidden_layers)))
-        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= set(KINDS):
-            raise self._fail(f"layer_types must name full_attention or sliding_attention for each of "
-                             f"{self.num_hidden_layers} layers, got {list(self.layer_types)}")
-        if windowed:
-            self._require_positive("sliding_window")
+        set_layer_types(self, lambda i: i >= self.max_window_layers)
 
-    def window(self, index: int) -> int | None:
-        """The sliding window of layer `index` (keys it sees, itself included), or None."""
-        on = self.use_sliding_window and self.layer_types[index] == "sliding_attention"
-        return self.sliding_window if on else None
+    window = layer_window
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()

@@ -17,11 +17,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import llama
-from .config import LlamaConfig
+from .config import LlamaConfig, layer_window, set_layer_types
 from .rope import NOPE
 
 ARCH = replace(llama.ARCH, model_type="smollm3", gguf_arch="smollm3")
-KINDS = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
@@ -60,24 +59,15 @@ class Config(LlamaConfig):
         if self.no_rope_layers is None:
             self._require_positive("no_rope_layer_interval")
             self._set("no_rope_layers", tuple(int((i + 1) % every != 0) for i in range(n)))
-        windowed = self.use_sliding_window and self.sliding_window is not None
-        if self.layer_types is None:
-            self._set("layer_types", tuple(KINDS[windowed and not r] for r in self.no_rope_layers))
         if len(self.no_rope_layers) != n or not set(self.no_rope_layers) <= {0, 1}:
             raise self._fail(f"no_rope_layers must be 0 or 1 for each of {n} layers, got {list(self.no_rope_layers)}")
-        if len(self.layer_types) != n or not set(self.layer_types) <= set(KINDS):
-            raise self._fail(f"layer_types must name full_attention or sliding_attention for each of {n} layers, "
-                             f"got {list(self.layer_types)}")
-        if windowed:
-            self._require_positive("sliding_window")
+        set_layer_types(self, lambda i: not self.no_rope_layers[i])
 
     def rope(self, index: int) -> tuple[float, dict | None]:
         """(RoPE base, scaling) of layer `index`: NoPE's identity where it has no RoPE."""
         return (self.rope_theta, self.rope_scaling) if self.no_rope_layers[index] else (self.rope_theta, NOPE)
 
-    def window(self, index: int) -> int | None:
-        on = self.use_sliding_window and self.layer_types[index] == "sliding_attention"
-        return self.sliding_window if on else None
+    window = layer_window
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "no_rope_layers": list(self.no_rope_layers), "layer_types": list(self.layer_types)}
