@@ -11,6 +11,11 @@ W4 (`plan_layer_w4`): W = constexpr_blockwise_shift_scale(data = uint4 BLOBFILE 
 scale = fp16 [out, in/B, 1, 1], offset = fp16 or uint4 [out, in/B, 1, 1]) of the folder's blocks
 (models/quantized.py), then y = conv(x · gain, W) in fp16 like any fp16 conv: no shift, the
 accumulator sums the dense weight's products.
+LUT4/LUT6 (the same path): W = constexpr_lut_to_dense(indices = uint4/uint6 BLOBFILE [out, in, 1, 1],
+lut = fp16 [out/G, in/B, 1, 1, 2^bits, 1]) of the folder's tables. A row fold goes into the tables
+of a group whose G rows share its factor (always, for the attention and stream scales: one factor
+a linear, and a group never spans two linears); any other row's factor would scale the conv's
+output row (`LutQuant.out_scale`), a multiply the folds we have never need.
 
 Why constexpr_affine_dequantize: it is the form maderix's W8A8 benchmark compiles and runs on
 M4 (maderix-ane-facts §10.3, 1.88x over fp16) and that our doctor probe `op.constexpr_affine_
@@ -47,7 +52,7 @@ import numpy as np
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
 from ..mil.blob import blob_backed
-from ..models.quantized import BlockQuant, InputQuant, QuantPlan, quantize_rows
+from ..models.quantized import BlockQuant, InputQuant, LutQuant, QuantPlan, quantize_rows
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ def unfolded_params(shape, layer: dict[str, np.ndarray]) -> tuple[dict, dict[str
 def plan_layer(plan: QuantPlan, i: int, shape, layer: dict[str, np.ndarray]) -> dict:
     """Layer i's kernel params (`layer_params` form, HF names inside the layer in `layer`)
     with its linears as QLinear and the norm gains on their inputs."""
-    if plan.scheme == "w4":
+    if plan.blocks:  # W4, LUT
         return plan_layer_w4(plan, i, shape, layer)
     f, inputs, per = shape.family, plan.layer(i), {}
     for key, roles in f.slot_roles.items():  # kernel linear -> the HF linears in its rows (q, k, v)
@@ -138,10 +143,12 @@ def plan_layer_w4(plan: QuantPlan, i: int, shape, layer: dict[str, np.ndarray]) 
     p, gains = unfolded_params(shape, layer)
     out = dict(p)
     for key, roles in f.slot_roles.items():
-        bq = BlockQuant.stack([blocks[f.modules[r]] for r in roles])
+        parts = [blocks[f.modules[r]] for r in roles]
+        bq = type(parts[0]).stack(parts)
         w, bias = p[key]
         scaled = bq.rows_scaled(row_factors(np.asarray(w, np.float32), bq.dense(), key))
-        out[key] = (QLinear(scaled, scaled.scale, in_gain=gains.get(key)), bias)
+        scale = scaled.out_scale if isinstance(scaled, LutQuant) else scaled.scale  # LUT: None, or per row
+        out[key] = (QLinear(scaled, scale, in_gain=gains.get(key)), bias)
     return out
 
 
@@ -158,6 +165,10 @@ def row_factors(folded: np.ndarray, plain: np.ndarray, key: str) -> np.ndarray:
 
 
 def int8_weight(b: GraphBuilder, ql: QLinear, name: str) -> Value:
+    if isinstance(ql.q, LutQuant):  # LUT: the tables' entries picked when the program is compiled
+        lq = ql.q
+        return b.constexpr_lut_to_dense(lq.indices.reshape(*lq.shape, 1, 1), f"uint{lq.bits}",
+                                        lq.lut.reshape(*lq.lut.shape[:2], 1, 1, -1, 1), name=f"{name}_lut")
     if isinstance(ql.q, BlockQuant):  # W4: the 4-bit blocks made dense when the program is compiled
         bq, shape = ql.q, (*ql.q.shape, 1, 1)
         nb = (bq.shape[0], bq.scale.shape[1], 1, 1)
@@ -182,7 +193,11 @@ def quant_linear(b: GraphBuilder, x: Value, ql: QLinear, bias=None, name: str = 
     if ql.act_scale is not None:
         s = np.float16(ql.act_scale)
         xs = b.dequantize(b.quantize(x, s, name=f"{n}_xq"), s, name=f"{n}_xdq")
-    y = b.conv(xs, w, name=n if ql.keep_w is None and bias is None else f"{n}_conv")
+    lut_rows = isinstance(ql.q, LutQuant) and ql.scale is not None  # row factors no table took
+    y = b.conv(xs, w, name=n if ql.keep_w is None and bias is None and not lut_rows else f"{n}_conv")
+    if lut_rows:
+        rows = b.weight(f"{n}_rows", ql.scale.reshape(1, -1, 1, 1), x.dtype)
+        y = b.mul(y, rows, name=n if bias is None else f"{n}_r")
     if ql.keep_w is not None:
         sel = np.zeros((len(ql.keep), ql.q.shape[1], 1, 1), np.float32)
         sel[np.arange(len(ql.keep)), ql.keep] = 1.0  # [k, in, 1, 1]: row r picks channel keep[r]

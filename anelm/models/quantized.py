@@ -1,12 +1,13 @@
 """Quantized weights as stored (CONTRACTS §10): the int8 row quantization, W4's 4-bit blocks
-(below `BlockQuant`), the HF names of each model type's quantized linears, and the quantized
-folder `anelm quantize` writes, read back here.
+(below `BlockQuant`), LUT4/LUT6's palettized rows (`LutQuant`), the HF names of each model
+type's quantized linears, and the quantized folder `anelm quantize` writes, read back here.
 
     DIR/config.json                the source config + "quantization_config": {"quant_method":
                                    "anelm", "scheme": "w8"|"w8a8", "bits": 8, ...}, or for W4
-                                   {"scheme": "w4", "bits": 4, "block_size": B, ...}
+                                   {"scheme": "w4", "bits": 4, "block_size": B, ...}, or
+                                   {"scheme": "lut4"|"lut6", "bits": 4|6, "group_size": G, ...}
     DIR/tokenizer.json ...         the source's tokenizer
-    DIR/model.safetensors          W4: the layout above `BlockQuant`; W8/W8A8,
+    DIR/model.safetensors          W4, LUT: the layouts above `BlockQuant`, `LutQuant`; W8/W8A8,
                                    per linear P (HF name: model.layers.0.self_attn.q_proj,
                                    transformer.h.0.attn.c_attn):
         P.weight            I8  [out, in]  symmetric per row, zero point 0
@@ -42,11 +43,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..mil.blob import pack_bits, unpack_bits
 from .errors import InputError
 from .names import FAMILY, PROJECTIONS, layer_prefix, module_name
 
 METHOD = "anelm"
-SCHEMES = ("w8", "w8a8", "w4")
+SCHEMES = ("w8", "w8a8", "w4", "lut4", "lut6")
 QMAX = 127  # symmetric: -128 is never used, so negating a row never overflows
 
 SUPPORTED = tuple(FAMILY)
@@ -128,7 +130,7 @@ class QuantPlan:
     scheme: str
     inputs: dict[str, InputQuant]  # HF linear name -> its input's decisions
     model_type: str  # whose layer prefix the names carry
-    blocks: dict[str, "BlockQuant"] = field(default_factory=dict)  # W4: HF linear name -> its 4-bit blocks
+    blocks: dict[str, "BlockQuant | LutQuant"] = field(default_factory=dict)  # W4/LUT: HF linear name -> its form
 
     def layer(self, i: int) -> dict[str, InputQuant]:
         """Layer i's decisions by the module names inside the layer (`self_attn.q_proj`), as the
@@ -136,7 +138,7 @@ class QuantPlan:
         return self._in_layer(self.inputs, i)
 
     def layer_blocks(self, i: int) -> dict[str, "BlockQuant"]:
-        """W4: layer i's 4-bit blocks by the module names inside the layer."""
+        """W4/LUT: layer i's 4-bit blocks or palettized rows by the module names inside the layer."""
         return self._in_layer(self.blocks, i)
 
     def _in_layer(self, d: dict, i: int) -> dict:
@@ -163,8 +165,8 @@ def pack(config, weights: dict[str, np.ndarray], qs: dict, plan: QuantPlan) -> d
 
 def unpack(raw: dict[str, np.ndarray], config, scheme: str, source: str) -> tuple[dict, QuantPlan]:
     """model.safetensors' tensors -> (float32 weights as an HF checkpoint holds them, QuantPlan)."""
-    if scheme == "w4":
-        out, plan = unpack_w4(raw, config, source)
+    if scheme != "w8" and scheme != "w8a8":
+        out, plan = (unpack_w4 if scheme == "w4" else unpack_lut)(raw, config, source, scheme)
         return _as_checkpoint(out, config), plan
     out = {k: v for k, v in raw.items() if not k.endswith((".weight_scale", ".input_shift", ".input_scale",
                                                          ".outlier_channels", ".outlier_weight"))}
@@ -288,17 +290,6 @@ def dequantize_blocks8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return (q * np.repeat(scale.astype(np.float32), block, axis=1)).astype(np.float32)
 
 
-def pack_nibbles(data: np.ndarray) -> np.ndarray:
-    d = np.asarray(data, np.uint8)
-    return (d[:, 0::2] | (d[:, 1::2] << 4)).astype(np.uint8)
-
-
-def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
-    out = np.empty((packed.shape[0], 2 * packed.shape[1]), np.uint8)
-    out[:, 0::2], out[:, 1::2] = packed & 15, packed >> 4
-    return out
-
-
 def table_names(config, weights: dict[str, np.ndarray], block: int) -> list[str]:
     """The non-linear tensors W4 stores as int8 blocks: 2-D float tables (embeddings, an untied
     head) whose rows divide into blocks."""
@@ -307,18 +298,19 @@ def table_names(config, weights: dict[str, np.ndarray], block: int) -> list[str]
 
 
 def pack_w4(config, weights: dict[str, np.ndarray], blocks: dict[str, BlockQuant], block: int) -> dict:
-    """The tensors of a W4 folder's model.safetensors (the layout above)."""
+    """The tensors of a W4 folder's model.safetensors (the layout above; `blocks` empty: its
+    tables and float tensors, the linears left to the caller)."""
     out = {k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()}
-    for name in linear_names(config):
+    for name in linear_names(config) if blocks else ():
         bq = blocks[name]
-        out[name + ".weight"] = pack_nibbles(bq.data)
+        out[name + ".weight"] = pack_bits(bq.data, 4)
         out[name + ".weight_scale"], out[name + ".weight_offset"] = bq.scale, bq.offset
     for k in table_names(config, weights, block):
         out[k], out[k[:-len("weight")] + "weight_scale"] = quantize_blocks8(weights[k], block)
     return out
 
 
-def unpack_w4(raw: dict[str, np.ndarray], config, source: str) -> tuple[dict, QuantPlan]:
+def unpack_w4(raw: dict[str, np.ndarray], config, source: str, scheme: str = "w4") -> tuple[dict, QuantPlan]:
     out, blocks = dict(raw), {}
     for name in linear_names(config):
         try:
@@ -331,9 +323,77 @@ def unpack_w4(raw: dict[str, np.ndarray], config, source: str) -> tuple[dict, Qu
             raise InputError(f"{source}: {name}: expected uint8 [out, in/2] 4-bit pairs, fp16 scales and "
                              f"offsets [out, in/block]; got {packed.dtype}{list(packed.shape)}, "
                              f"{scale.dtype}{list(scale.shape)}, {offset.dtype}{list(offset.shape)}")
-        blocks[name] = BlockQuant(unpack_nibbles(packed), scale, offset)
-        out[name + ".weight"] = blocks[name].dense()
+        blocks[name] = BlockQuant(unpack_bits(packed, 4), scale, offset)
+    return _dense(out, blocks, config, scheme)
+
+
+def _dense(out: dict, blocks: dict, config, scheme: str) -> tuple[dict, QuantPlan]:
+    """The linears' float32 weights from their forms, the int8 tables dequantized, and the plan."""
+    for name, bq in blocks.items():
+        out[name + ".weight"] = bq.dense()
     for k in [k for k in out if k.endswith(".weight_scale")]:
         w = k[:-len("_scale")]
         out[w] = dequantize_blocks8(out[w], out.pop(k))
-    return out, QuantPlan("w4", {n: InputQuant() for n in blocks}, config.model_type, blocks)
+    return out, QuantPlan(scheme, {n: InputQuant() for n in blocks}, config.model_type, blocks)
+
+
+# --------------------------------------------------------------------------- LUT4/LUT6: palettized rows
+# A LUT linear P `[out, in]` is stored as indices into one table of 2^bits fp16 values per tile of
+# G rows by B inputs, as MIL's constexpr_lut_to_dense reads them (w[r, c] = lut[r//G, c//B, indices[r, c]]):
+#     P.weight       U8   [out, in·bits/8]      indices packed LSB first, as the BLOBFILE packs them
+#                                               (lut4: nibble pairs, the earlier low; lut6: 4 in 3 bytes)
+#     P.weight_lut   F16  [out/G, in/B, 2^bits]
+TABLE_BLOCK = 32  # 2-D tables (the embedding, an untied head) as W4 stores them: int8 blocks of 32
+
+
+@dataclass(frozen=True)
+class LutQuant:
+    """One linear's palettized rows `[out, in]`: w[r, c] = lut[r // group, c // block, indices[r, c]]."""
+
+    indices: np.ndarray  # uint8 [out, in]: 0 .. 2^bits − 1
+    lut: np.ndarray  # float16 [out / group, in / block, 2^bits], each table ascending
+    out_scale: np.ndarray | None = None  # float32 [out]: row factors no table could take (`rows_scaled`)
+
+    shape, bits = property(lambda s: s.indices.shape), property(lambda s: int(s.lut.shape[2]).bit_length() - 1)
+    group, block = (property(lambda s, a=a: s.shape[a] // s.lut.shape[a]) for a in (0, 1))
+
+    def dense(self) -> np.ndarray:
+        """float32 w: the table entries the indices name (without `out_scale`)."""
+        (o, i), k = self.shape, self.lut.shape[2]
+        tile = np.arange(o)[:, None] // self.group * self.lut.shape[1] + np.arange(i) // self.block
+        return self.lut.astype(np.float32).reshape(-1)[tile * k + self.indices]
+
+    def rows_scaled(self, factor: np.ndarray) -> "LutQuant":
+        """The rows times factor: a group's table takes its rows' factor when they share one (the
+        attention and stream scales: one factor a linear); other rows keep it in `out_scale`."""
+        f = np.asarray(factor, np.float64).reshape(-1, self.group)
+        shared = (np.abs(f - f[:, :1]) <= 1e-6 * np.abs(f[:, :1])).all(axis=1)  # one factor, read off in float32
+        lut = np.where(shared[:, None, None], self.lut * f[:, :1, None], self.lut).astype(np.float16)
+        rest = np.where(shared[:, None], 1.0, f).reshape(-1)
+        return LutQuant(self.indices, lut, None if (rest == 1).all() else rest.astype(np.float32))
+
+    @staticmethod
+    def stack(parts: list["LutQuant"]) -> "LutQuant":
+        """Rows of several linears one after another (q, k and v: their groups stay apart)."""
+        return LutQuant(np.concatenate([p.indices for p in parts]), np.concatenate([p.lut for p in parts]))
+
+
+def pack_lut(config, weights: dict[str, np.ndarray], luts: dict[str, LutQuant]) -> dict:
+    out = pack_w4(config, weights, {}, TABLE_BLOCK)
+    for name, lq in luts.items():
+        out[name + ".weight"], out[name + ".weight_lut"] = pack_bits(lq.indices, lq.bits), lq.lut
+    return out
+
+
+def unpack_lut(raw: dict[str, np.ndarray], config, source: str, scheme: str) -> tuple[dict, QuantPlan]:
+    out, luts, bits = dict(raw), {}, int(scheme[3:])
+    for name in linear_names(config):
+        packed, lut = out.pop(name + ".weight", None), out.pop(name + ".weight_lut", None)
+        if packed is None or lut is None or packed.dtype != np.uint8 or lut.dtype != np.float16 or lut.ndim != 3 \
+                or lut.shape[2] != 2 ** bits or packed.shape[0] % lut.shape[0] or (packed.shape[1] * 8) % bits \
+                or (packed.shape[1] * 8 // bits) % lut.shape[1]:
+            got = ", ".join(f"{getattr(a, 'dtype', 'none')}{list(getattr(a, 'shape', ()))}" for a in (packed, lut))
+            raise InputError(f"{source}: {name}: expected .weight uint8 [out, in·{bits}/8] packed indices and "
+                             f".weight_lut fp16 tables [out/group, in/block, {2 ** bits}]; got {got}")
+        luts[name] = LutQuant(unpack_bits(packed, bits), lut)
+    return _dense(out, luts, config, scheme)

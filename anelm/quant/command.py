@@ -35,8 +35,8 @@ import numpy as np
 from ..models.errors import InputError
 from .calibrate import calibrate
 from .report import DEFAULT_CHIP, folder_breakdown, larger_note, predicted_decode
-from ..models.quantized import (METHOD, QMAX, InputQuant, QuantPlan, check_supported, linear_names, pack,
-                               pack_w4, power_of_two_above, quantize_rows, refuse_quantized)
+from ..models.quantized import (METHOD, QMAX, InputQuant, LutQuant, QuantPlan, check_supported, linear_names, pack,
+                               pack_lut, pack_w4, power_of_two_above, quantize_rows, refuse_quantized)
 
 ACC_TARGET = 8192.0  # W8: largest calibrated unscaled sum after the shift
 OUTLIER_RATIO = 8.0  # W8A8: a channel whose range exceeds this × the median channel's stays fp16
@@ -87,6 +87,9 @@ def device_bytes(weights: dict, plan: QuantPlan | None = None) -> int:
     if plan is None:
         return total
     for n, bq in plan.blocks.items():  # W4: half a byte a weight, fp16 scales, fp16 or uint4 offsets
+        if isinstance(bq, LutQuant):  # LUT: bits/8 a weight, fp16 tables
+            total += -2 * bq.indices.size + -(-bq.indices.size * bq.bits // 8) + 2 * bq.lut.size
+            continue
         nb = bq.scale.size
         total += -2 * bq.data.size + bq.data.size // 2 + 2 * nb + (2 * nb if bq.offset.dtype == np.float16 else -(-nb // 2))
     if plan.blocks:
@@ -116,7 +119,8 @@ def split_text(tok, text: str, calib_tokens: int, eval_tokens: int) -> tuple[lis
 
 
 def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens: int, eval_tokens: int,
-                     device: str = "auto", progress: bool | None = None, profile=None, block_size: int = 32) -> dict:
+                     device: str = "auto", progress: bool | None = None, profile=None, block_size: int | None = None,
+                     group_size: int | None = None) -> dict:
     """Everything `anelm quantize` does; returns the report. `profile`: the devices' chip
     profile (a ChipProfile; None: ANELM_PROFILE, else strict)."""
     from ..generate.perplexity import perplexity
@@ -133,7 +137,7 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
     calib, held = split_text(tok, text, calib_tokens, eval_tokens)
     seq = min(config.max_position_embeddings, 512)
     folder, plan, chan = build_folder(Path(out), config, weights, tok, scheme, calib, seq, progress,
-                                      block_size=block_size, source=Path(model))
+                                      block_size=block_size, source=Path(model), group_size=group_size)
     source_ppl = perplexity(make_runner(config, weights, device, max_context=seq, profile=profile), held, seq,
                             progress).ppl
     qconfig, qweights, _ = load_model(folder)
@@ -150,22 +154,23 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
     (src, src_ms), (got, got_ms) = predicted_decode(config, weights), predicted_decode(qconfig, qweights, plan)
     report["predicted_decode_tokens_per_s"] = {"chip": DEFAULT_CHIP, "source": src, "quantized": got,
                                                "weight_read_ms": {"source": src_ms, "quantized": got_ms}}
-    if scheme == "w4":
-        qc = json.loads((folder / "config.json").read_text())["quantization_config"]
-        report.update(block_size=block_size, blocks=qc["blocks"])  # where the blocks came from
+    qc = json.loads((folder / "config.json").read_text())["quantization_config"]
+    report.update({k: qc[k] for k in ("block_size", "blocks", "group_size") if k in qc})  # W4's blocks' origin
     (folder / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
 def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq: int, progress=None, cal=None,
-                 block_size: int = 32, source: Path | None = None):
+                 block_size: int | None = None, source: Path | None = None, group_size: int | None = None):
     """Calibrate on `calib` (or take `cal`, a `calibration` of it), quantize, and publish the
     folder at `out`: (folder, plan, channel ranges). W4 calibrates nothing (weights alone): its
     blocks come from `source` where that is a GGUF of 4-bit blocks (quant/w4.py)."""
     from ..train.export import _publish
 
     if scheme == "w4":
-        return build_w4(out, config, weights, tok, block_size, source)
+        return build_w4(out, config, weights, tok, block_size or 32, source)
+    if scheme in ("lut4", "lut6"):
+        return build_lut(out, config, weights, tok, int(scheme[3:]), calib, seq, group_size, block_size)
     cal = cal or calibration(config, weights, calib, seq, progress, w8=scheme == "w8")
     qs, plan, chan = (plan_w8a8 if scheme == "w8a8" else plan_w8)(config, weights, cal)
     tensors = pack(config, weights, qs, plan)
@@ -192,6 +197,23 @@ def build_w4(out: Path, config, weights: dict, tok, block_size: int, source: Pat
                                    "tables": f"int8 blocks of {block_size}, fp16 scales", "activations": "fp16",
                                    "blocks": how}}
     return _publish(out, lambda d: _write(d, cfg, tensors, tok)), plan, {}
+
+
+def build_lut(out: Path, config, weights: dict, tok, bits: int, calib, seq: int, group: int | None, block: int | None):
+    """LUT4/LUT6 (quant/lut.py): k-means tables counted by the calibration text's input moments."""
+    from ..train.export import _publish
+    from .lut import DEFAULTS, input_moments, lut_tables
+
+    group, block = group or DEFAULTS[bits][0], block or DEFAULTS[bits][1]
+    luts = lut_tables(config, weights, bits, group, block, input_moments(config, weights, calib, seq))
+    plan = QuantPlan(f"lut{bits}", {n: InputQuant() for n in luts}, config.model_type, luts)
+    most = max(lq.block for lq in luts.values())
+    cfg = {**config.to_dict(), "torch_dtype": "float32",
+           "quantization_config": {"quant_method": METHOD, "scheme": f"lut{bits}", "bits": bits, "group_size": group,
+                                   "block_size": most, "weights": f"uint{bits} indices packed, an fp16 table of "
+                                   f"{2 ** bits} per {group} rows by up to {most} inputs (k-means)",
+                                   "tables": "int8 blocks of 32, fp16 scales", "activations": "fp16"}}
+    return _publish(out, lambda d: _write(d, cfg, pack_lut(config, weights, luts), tok)), plan, {}
 
 
 def _write(d: Path, cfg: dict, tensors: dict, tok) -> None:

@@ -16,7 +16,8 @@ from anelm.cli.main import main  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.ir.ops_quant import blockwise_dense  # noqa: E402
 from anelm.models.loading import build_model, load_model  # noqa: E402
-from anelm.models.quantized import BlockQuant, quantize_blocks, unpack_nibbles  # noqa: E402
+from anelm.mil.blob import unpack_bits  # noqa: E402
+from anelm.models.quantized import BlockQuant, quantize_blocks  # noqa: E402
 
 BLOCK = 16  # the tiny model's hidden size is 64: four blocks a row
 
@@ -56,7 +57,7 @@ def test_folder_layout_and_report(tiny):
     config, weights, _ = load_model(q)
     bq = weights.quant.blocks[name]
     assert np.array_equal(weights[name + ".weight"], bq.dense())
-    assert np.array_equal(bq.data, unpack_nibbles(t[name + ".weight"]))
+    assert np.array_equal(bq.data, unpack_bits(t[name + ".weight"], 4))
 
 
 def test_kernels_carry_the_folders_4bit_data(tiny):

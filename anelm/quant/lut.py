@@ -1,0 +1,123 @@
+"""LUT4/LUT6: every linear palettized, one table of 2^bits fp16 values per tile of rows by inputs
+(CONTRACTS §10; the format is models/quantized.py's `LutQuant`).
+
+Each tile's values are clustered by Lloyd's k-means in one dimension, each weight counted by the
+mean square of its input over the calibration text (`input_moments`: the output error a weight
+makes is its error times its input). In one dimension Lloyd is cheap on sorted values: the
+clusters are runs between the midpoints of neighbouring centroids, so an iteration is a search
+of 2^bits − 1 midpoints and prefix sums' differences, for all tiles of a linear at once (each
+tile's values shifted into its own interval of one sorted array). Deterministic, no seed: the
+centroids start evenly spaced from the tile's least value to its largest (quantiles measured
+worse: they leave the outliers no entry). The tables are rounded to fp16 and each weight then
+takes the nearest fp16 entry, so the stored indices are the best for the stored table.
+
+Tables (`--group-size` rows by up to `--block-size` inputs; constexpr_lut_to_dense tiles both
+axes), chosen by measurement: SmolLM2-135M (Q4_1 GGUF), float32 CPU reference, 128 held-out
+tokens of the Apache license after the 256 that calibrate, perplexity ratios:
+    lut4, a table per row (576 or 1536 inputs)       x1.158 (x1.73 with quantile-started centroids,
+                                                     x4.29 also without the input moments)
+    lut4, a table per 16 rows                        x1.65
+    lut4, a table per row and 192 / 96 / 64 inputs   x1.033 / x1.072 / x1.047 (unweighted)
+    lut4, a table per row and 32 inputs              x1.0001: a Q4_1 block's 16 levels, found again
+    lut6, a table per 16 rows / per row              x1.029 / x1.081 (quantile-started)
+So lut4 takes a table per row and 192 inputs (the largest divisor of a linear's inputs up to
+192): 0.5 + 32/192 = 0.67 bytes a weight, W4's 0.63 (on the emulator: x1.048, folder 104.6 MB =
+39 % of the fp16 weights); lut6 a table per 16 rows of whole rows, 0.75 bytes a weight (x1.017,
+114.7 MB = 43 %). A 4-bit table per whole row, what palettizers usually do, cannot hold this
+small a model: 16 values for 576 weights spread by the norm gains and the outliers.
+Row folds (kernels/int8.py) go into a tile's table when its rows share the factor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..models.errors import InputError
+from ..models.quantized import LutQuant, linear_names
+
+ITERATIONS = 40  # Lloyd steps at most: 300 measured no better (local optima, not unfinished runs)
+DEFAULTS = {4: (1, 192), 6: (16, 1 << 30)}  # bits -> (rows, most inputs) a table spans (module doc)
+
+
+def palettize(w: np.ndarray, bits: int, group: int, block: int, importance: np.ndarray | None = None) -> LutQuant:
+    """w [out, in] -> its LutQuant: k-means of 2^bits centroids per tile of `group` rows by
+    `block` inputs, each weight counted by its input's `importance` [in] (its mean square)."""
+    (out, inp), k = w.shape, 2 ** bits
+    tiles = lambda a: np.ascontiguousarray(np.broadcast_to(a, w.shape).reshape(  # noqa: E731
+        out // group, group, inp // block, block).transpose(0, 2, 1, 3)).reshape(-1, group * block)
+    x = tiles(np.asarray(w, np.float64))  # [tiles, n]
+    ng, n = x.shape
+    a = tiles(np.ones(inp) if importance is None else np.asarray(importance, np.float64) + 1e-12)
+    order = np.argsort(x, axis=1)
+    srt, a = np.take_along_axis(x, order, 1), np.take_along_axis(a, order, 1)
+    lo, span = srt[:, :1], np.maximum(srt[:, -1:] - srt[:, :1], 1e-30)
+    base = 4.0 * np.arange(ng)[:, None]  # group g's values normalized into [4g, 4g + 1]
+    flat = ((srt - lo) / span + base).reshape(-1)
+    zero = np.zeros((ng, 1))
+    csum, cw = (np.concatenate([zero, np.cumsum(v, axis=1)], axis=1) for v in (srt * a, a))
+    cent = srt[:, :1] + (srt[:, -1:] - srt[:, :1]) * np.arange(k) / (k - 1)  # evenly min..max (module doc)
+    rows = np.arange(ng)[:, None]
+    edges = None
+    for _ in range(ITERATIONS):
+        mids = ((cent[:, 1:] + cent[:, :-1]) / 2 - lo) / span + base
+        b = np.searchsorted(flat, mids.reshape(-1)).reshape(ng, k - 1) - n * rows
+        b = np.concatenate([np.zeros((ng, 1), np.int64), b, np.full((ng, 1), n)], axis=1)
+        if edges is not None and np.array_equal(b, edges):
+            break
+        edges, mass = b, cw[rows, b[:, 1:]] - cw[rows, b[:, :-1]]
+        sums = csum[rows, b[:, 1:]] - csum[rows, b[:, :-1]]
+        cent = np.where(mass > 0, sums / np.where(mass > 0, mass, 1), cent)  # an empty cluster keeps its centroid
+    lut = np.sort(cent.astype(np.float16), axis=1)
+    idx = nearest(x, lut).reshape(out // group, inp // block, group, block).transpose(0, 2, 1, 3)
+    return LutQuant(idx.reshape(out, inp).astype(np.uint8), lut.reshape(out // group, inp // block, k))
+
+
+def nearest(x: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """Each value's index of the nearest entry of its group's ascending table (ties low)."""
+    t = lut.astype(np.float64)
+    lo, span = t[:, :1], np.maximum(t[:, -1:] - t[:, :1], 1e-30)
+    base = 4.0 * np.arange(len(t))[:, None]
+    mids = ((t[:, 1:] + t[:, :-1]) / 2 - lo) / span + base
+    pos = np.searchsorted(mids.reshape(-1), ((np.clip(x, t[:, :1], t[:, -1:]) - lo) / span + base).reshape(-1),
+                          side="left")
+    return pos.reshape(x.shape) - (t.shape[1] - 1) * np.arange(len(t))[:, None]
+
+
+def tile_inputs(inp: int, most: int) -> int:
+    """Inputs a table spans: the largest divisor of the linear's inputs up to `most`."""
+    return max(d for d in range(1, min(inp, most) + 1) if inp % d == 0)
+
+
+def lut_tables(config, weights: dict[str, np.ndarray], bits: int, group: int, block: int,
+               importance: dict | None = None) -> dict[str, LutQuant]:
+    """{linear: its LutQuant}: tables of `group` rows by up to `block` inputs (`tile_inputs`)."""
+    names = linear_names(config)
+    bad = sorted({weights[n + ".weight"].shape[0] for n in names if weights[n + ".weight"].shape[0] % group})
+    if bad:
+        raise InputError(f"--group-size {group} does not divide every linear's rows ({bad}): expected a "
+                         f"divisor of each, such as 1 or 16")
+    if any(weights[n + ".weight"].shape[1] * bits % 8 for n in names):
+        raise InputError(f"lut{bits}: every linear's inputs times {bits} bits must fill whole bytes")
+    return {n: palettize(weights[n + ".weight"], bits, group, tile_inputs(weights[n + ".weight"].shape[1], block),
+                         (importance or {}).get(n)) for n in names}
+
+
+def input_moments(config, weights: dict[str, np.ndarray], ids, seq_len: int) -> dict[str, np.ndarray]:
+    """{HF linear: the mean square of each input channel} over windows of `ids`, from the CPU
+    reference (every projection's input, as quant/calibrate.py sees it)."""
+    from ..models.loading import build_model
+    from ..models.names import layer_prefix
+
+    model, acc = build_model(config, weights), {}
+    plain = model.project
+
+    def project(i: int, name: str, x: np.ndarray) -> np.ndarray:
+        key = layer_prefix(config.model_type, i) + name
+        s, n = acc.get(key, (0.0, 0))
+        acc[key] = (s + (np.asarray(x, np.float64) ** 2).sum(axis=0), n + len(x))
+        return plain(i, name, x)
+
+    model.project = project
+    for i in range(0, len(ids), seq_len):
+        model.prefill(list(ids[i:i + seq_len]), model.new_cache(), last_only=True)
+    return {k: s / n for k, (s, n) in acc.items()}

@@ -1,0 +1,135 @@
+"""`anelm quantize --scheme lut4|lut6` on a tiny Llama (GQA): the folder's palettized layout, the
+kernels' constexpr_lut_to_dense carrying the folder's own indices and its tables (q's with the
+attention scale folded in), the device's logits against the CPU reference on the dequantized
+weights (§6), every reading command, bad flags as one line, and the k-means itself."""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+pytest.importorskip("transformers")
+import hf_tiny  # noqa: E402
+
+from anelm.cli.main import main  # noqa: E402
+from anelm.generate.pipeline import build_runner  # noqa: E402
+from anelm.mil.blob import unpack_bits  # noqa: E402
+from anelm.models.loading import build_model, load_model  # noqa: E402
+from anelm.models.quantized import LutQuant  # noqa: E402
+from anelm.quant.lut import palettize  # noqa: E402
+
+GROUP = 16  # rows a table (the tiny model's q has 64 rows, k and v 16 each)
+
+
+def _quantize(d, text, out, scheme, *extra):
+    return main(["quantize", "--model", str(d), "--out", str(out), "--scheme", scheme, *extra, "--data", str(text),
+                 "--calib-tokens", "64", "--eval-tokens", "64", "--device", "emulator"])
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lut") / "llama"
+    hf_tiny.make_word_model(d)
+    ids = np.random.default_rng(3).integers(3, 96, 200).tolist()
+    text = d.parent / "text.txt"
+    text.write_text(" ".join(hf_tiny.WORDS[i] for i in ids) + "\n", encoding="utf-8")
+    q4, q6 = d.parent / "lut4", d.parent / "lut6"
+    assert _quantize(d, text, q4, "lut4", "--group-size", str(GROUP), "--block-size", "32") == 0
+    assert _quantize(d, text, q6, "lut6") == 0
+    return d, text, q4, q6
+
+
+@pytest.mark.parametrize("bits", [4, 6])
+def test_folder_layout_and_report(tiny, bits):
+    q = tiny[2] if bits == 4 else tiny[3]
+    group, block = (GROUP, 32) if bits == 4 else (16, 128)  # lut6's defaults: 16 rows by a whole row
+    qc = json.loads((q / "config.json").read_text())["quantization_config"]
+    assert qc["scheme"] == f"lut{bits}" and qc["bits"] == bits and qc["group_size"] == group
+    t = load_file(str(q / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj"  # [64, 128]
+    assert t[name + ".weight"].dtype == np.uint8 and t[name + ".weight"].shape == (64, 128 * bits // 8)
+    assert t[name + ".weight_lut"].dtype == np.float16 and t[name + ".weight_lut"].shape == (64 // group, 128 // block,
+                                                                                             2 ** bits)
+    assert t["model.embed_tokens.weight"].dtype == np.int8  # as W4 stores it
+    rep = json.loads((q / "quantization_report.json").read_text())
+    assert rep["scheme"] == f"lut{bits}" and rep["group_size"] == group
+    assert rep["quantized_bytes"] < 0.7 * rep["source_bytes"]
+    assert abs(rep["ppl_ratio"] - 1) < 0.05, rep["ppl_ratio"]
+    speed = rep["predicted_decode_tokens_per_s"]
+    assert speed["quantized"] >= speed["source"] > 0
+    assert speed["weight_read_ms"]["quantized"] < 0.7 * speed["weight_read_ms"]["source"]
+    config, weights, _ = load_model(q)  # the reader's float32 weights are the tables' entries
+    lq = weights.quant.blocks[name]
+    assert isinstance(lq, LutQuant) and np.array_equal(lq.indices, unpack_bits(t[name + ".weight"], bits))
+    assert np.array_equal(weights[name + ".weight"], lq.dense())
+
+
+def test_kernels_carry_the_folders_indices_and_tables(tiny):
+    q = tiny[2]
+    config, weights, _ = load_model(q)
+    stored = load_file(str(q / "model.safetensors"))
+    runner = build_runner(config, weights, "emulator", max_context=32)
+    runner.prefill([5, 6, 7], runner.new_cache())
+    art = next(k for key, k in runner.kernels.items() if key[:2] == ("prefill", 0)).artifact
+    assert "indices = tensor<uint4, [128, 64, 1, 1]>(BLOBFILE" in art.mil_text  # gate/up stay 4-bit
+    assert "_rows" not in "".join(art.weights)  # every fold went into the tables
+    blob = bytes(next(b for p, b in art.weights.items() if p.endswith("/o_proj_lut_indices.bin")))
+    assert blob[128:] == stored["model.layers.0.self_attn.o_proj.weight"].tobytes()
+    luts = bytes(next(b for p, b in art.weights.items() if p.endswith("/qkv_proj_lut_lut.bin")))
+    tables = np.frombuffer(luts[128:], np.float16).reshape(-1, 2, 16)  # q's 4 groups, k's 1, v's 1
+    att = 1 / np.sqrt(config.head_dim)  # each table entry times it, rounded to fp16 once
+    q_lut = stored["model.layers.0.self_attn.q_proj.weight_lut"].astype(np.float64)
+    assert np.allclose(tables[:4].astype(np.float64), q_lut * att, rtol=2.0 ** -11, atol=2.0 ** -24)
+    assert np.array_equal(tables[4:5], stored["model.layers.0.self_attn.k_proj.weight_lut"])
+
+
+@pytest.mark.parametrize("bits", [4, 6])
+def test_device_logits_against_the_cpu_reference(tiny, bits):
+    config, weights, _ = load_model(tiny[2] if bits == 4 else tiny[3])
+    ids = [5, 9, 17, 33, 2, 70, 41, 8]
+    cpu = build_model(config, dict(weights))
+    ref = cpu.prefill(ids, cpu.new_cache())
+    runner = build_runner(config, weights, "emulator", max_context=32)
+    got = runner.prefill(ids, runner.new_cache())
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err < 3e-2, err
+
+
+@pytest.mark.parametrize("command", ["perplexity", "generate"])
+def test_reading_commands_read_the_folder(tiny, capsys, command):
+    _, text, q, _ = tiny
+    argv = ["--data", str(text), "--max-tokens", "40"] if command == "perplexity" else \
+        ["--prompt", hf_tiny.WORDS[5], "--max-tokens", "4", "--temperature", "0"]
+    rc = main([command, "--model", str(q), *argv, "--device", "emulator", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and (out["predictions"] == 39 if command == "perplexity" else len(out["ids"]) >= 1)
+
+
+@pytest.mark.parametrize("extra, says", [(["--scheme", "lut4", "--group-size", "24"], "--group-size 24"),
+                                         (["--scheme", "w4", "--group-size", "2"], "quantize: --group-size")])
+def test_bad_flags_are_one_line(tiny, tmp_path, capsys, extra, says):
+    d, text, _, _ = tiny
+    rc = main(["quantize", "--model", str(d), "--out", str(tmp_path / "x"), *extra, "--data", str(text),
+               "--calib-tokens", "64", "--eval-tokens", "64", "--device", "emulator"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and err[-1].startswith(f"anelm: error: {says}") and not (tmp_path / "x").exists()
+
+
+def test_kmeans_finds_a_grid_and_takes_the_nearest_entry():
+    """Weights on 16 levels per tile come back exactly (the tables start evenly spaced min..max, as
+    a Q4_1 block's levels are); random weights take their nearest table entry."""
+    rng = np.random.default_rng(1)
+    levels = np.sort(rng.standard_normal((4, 16)), axis=1).astype(np.float16).astype(np.float32)
+    levels = levels[:, :1] + (levels[:, -1:] - levels[:, :1]) * np.arange(16) / 15  # an even grid per tile
+    levels = levels.astype(np.float16).astype(np.float32)
+    idx = rng.integers(0, 16, (8, 64))
+    idx[:, 0], idx[:, 1] = 0, 15
+    w = np.take_along_axis(np.repeat(levels, 2, 0), idx, 1)
+    lq = palettize(w, 4, 2, 64)
+    assert np.array_equal(lq.dense(), w)
+    w = rng.standard_normal((32, 48)).astype(np.float32)
+    lq = palettize(w, 4, 8, 16, importance=rng.uniform(0.1, 2, 48))
+    full = np.repeat(np.repeat(lq.lut, 8, 0), 16, 1).astype(np.float64)  # [32, 48, 16]
+    best = np.abs(w[:, :, None] - full).min(axis=2)
+    assert np.array_equal(np.abs(w - lq.dense().astype(np.float64)), best)
