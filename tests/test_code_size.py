@@ -68,7 +68,8 @@ MAX_MODULE_LINES = 400
 # + 38: an evaluation of some outputs runs only their steps (issue 30: a decode chunk's first pass).
 # + 1: Qwen2's and SmolLM3's optional window on some layers, one implementation in models/config.py.
 # + 246: quantize --scheme lut4/lut6 (issue 34: quant/lut.py, LutQuant, the LUT kernels and CLI flags).
-MAX_PACKAGE_LINES = 30614
+# + 36: doctor's op.constexpr_lut_to_dense probe (issue 34).
+MAX_PACKAGE_LINES = 30650
 
 
 def line_counts() -> dict[str, int]:

@@ -8,6 +8,8 @@
     op.constexpr_blockwise_shift_scale   a 1x1 conv on 4-bit weights (W4, `anelm quantize
                             --scheme w4`): uint4 BLOBFILE data in blocks of 32 inputs with fp16
                             scales and offsets, made dense at compile time (iOS 18)
+    op.constexpr_lut_to_dense  a 1x1 conv on palettized weights (`--scheme lut4|lut6`): uint6
+                            BLOBFILE indices into fp16 tables of 64, one per row and 32 inputs
 
 The sources disagree on the rounding (MIL's reference rounds half to even; the M6 study reports
 half away from zero for the accumulator's outputs), so the first probe reads it off numbers
@@ -133,6 +135,38 @@ def _w4(h: Harness) -> Observation:
     return compare(got, ref, REDUCTION)
 
 
+LUT, LUT_OPS = "op.constexpr_lut_to_dense", ("constexpr_lut_to_dense", "conv")
+LUT_PATH = "@model_path/weights/lut.bin"
+
+
+def lut_weights() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(uint6 indices [32, 64, 1, 1], fp16 tables [32, 2, 1, 1, 64, 1], the dense weight in
+    float64). Each row and half row has its own table, so an op that shares tables wrongly or
+    unpacks 6-bit indices at another stride reads other entries; entries are multiples of 2^-8."""
+    rng = np.random.default_rng(35)
+    idx = rng.integers(0, 64, (32, 64, 1, 1)).astype(np.uint8)
+    lut = (rng.integers(-256, 256, (32, 2, 1, 1, 64, 1)) / 256).astype(np.float16)
+    dense = f64(lut)[np.arange(32)[:, None], np.arange(64)[None, :] // 32, 0, 0, idx[:, :, 0, 0], 0]
+    return idx, lut, dense[:, :, None, None]
+
+
+def _lut(h: Harness) -> Observation:
+    from ..mil.blob import encode_tensor  # noqa: PLC0415 - the harness reaches the blob writer lazily
+
+    idx, lut, dense = lut_weights()
+    x = data(X, -1.0, 1.0, 35)
+    out = (1, 32, 1, X[3])
+    weight = (f'{ttype("fp16", idx.shape)} W = constexpr_lut_to_dense()['
+              f'indices = {ttype("uint6", idx.shape)}(BLOBFILE(path = string("{W_PATH}"), offset = uint64(64))), '
+              f'lut = {ttype("fp16", lut.shape)}(BLOBFILE(path = string("{LUT_PATH}"), offset = uint64(64))), '
+              'name = string("W")];')
+    body = [weight, *CONV_CONSTS, op("y", "fp16", out, "conv", x="x", weight="W", **CONV_ARGS)]
+    (got,) = h.run(program([("x", "fp16", X)], body, ["y"]), [x], [("fp16", out)],
+                   weights={W_PATH: bytes(encode_tensor(idx, "uint6")), LUT_PATH: bytes(encode_tensor(lut))})
+    ref = np.einsum("oi,bis->bos", dense[:, :, 0, 0], f64(x)[:, :, 0, :])[:, :, None, :]
+    return compare(got, ref, REDUCTION)
+
+
 def int8_probes() -> list[Probe]:
     qops = ("quantize", "dequantize")
     return [
@@ -143,4 +177,6 @@ def int8_probes() -> list[Probe]:
               INT8_OPS),
         Probe(W4, 1, "1x1 conv on uint4 BLOBFILE weights, blocks of 32 with fp16 scales and offsets (iOS 18)",
               _w4, expect_ops(W4_OPS), W4_OPS),
+        Probe(LUT, 1, "1x1 conv on uint6 BLOBFILE indices into fp16 tables of 64 per row and 32 inputs (iOS 18)",
+              _lut, expect_ops(LUT_OPS), LUT_OPS),
     ]

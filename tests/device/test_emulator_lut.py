@@ -119,3 +119,19 @@ def test_the_op_is_typed_as_coremltools_types_it():
         b.constexpr_lut_to_dense(np.zeros((8, 6)), "uint6", np.ones((1, 1, 16, 1), np.float16))
     with pytest.raises(ShapeError, match="scalar lut"):
         b.constexpr_lut_to_dense(np.zeros((8, 6)), "uint4", np.ones((1, 1, 16, 2), np.float16))
+
+
+def test_the_doctor_probe_passes_here_and_catches_an_op_that_shares_one_table(monkeypatch, tmp_path):
+    """`anelm doctor`'s op.constexpr_lut_to_dense (doctor/probes_int8.py) on the emulator, and on a
+    device whose op reads every row's indices from the first table (it must fail there)."""
+    from anelm.doctor import run_suite, select
+    from anelm.doctor.probes_int8 import LUT, lut_weights
+    from anelm.ir import ops_quant
+
+    idx, lut, dense = lut_weights()
+    assert np.array_equal(ops_quant.lut_dense(idx, lut).astype(np.float64), dense)
+    assert run_suite(Emulator(STRICT), select([LUT]))[LUT].status == "ok"
+    plain = ops_quant.lut_dense
+    monkeypatch.setattr(ops_quant, "lut_dense", lambda i, t: plain(i, np.broadcast_to(t[:1, :1], t.shape)))
+    monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path))  # no plan the right op folded before
+    assert run_suite(Emulator(STRICT), select([LUT]))[LUT].status != "ok"
