@@ -56,17 +56,19 @@ def palettize(w: np.ndarray, bits: int, group: int, block: int, importance: np.n
     zero = np.zeros((ng, 1))
     csum, cw = (np.concatenate([zero, np.cumsum(v, axis=1)], axis=1) for v in (srt * a, a))
     cent = srt[:, :1] + (srt[:, -1:] - srt[:, :1]) * np.arange(k) / (k - 1)  # evenly min..max (module doc)
-    rows = np.arange(ng)[:, None]
-    edges = None
+    edges, rows = np.full((ng, k + 1), -1), np.arange(ng)[:, None]  # rows: the tiles still moving
     for _ in range(ITERATIONS):
-        mids = ((cent[:, 1:] + cent[:, :-1]) / 2 - lo) / span + base
-        b = np.searchsorted(flat, mids.reshape(-1)).reshape(ng, k - 1) - n * rows
-        b = np.concatenate([np.zeros((ng, 1), np.int64), b, np.full((ng, 1), n)], axis=1)
-        if edges is not None and np.array_equal(b, edges):
+        c = cent[rows[:, 0]]
+        mids = ((c[:, 1:] + c[:, :-1]) / 2 - lo[rows[:, 0]]) / span[rows[:, 0]] + base[rows[:, 0]]
+        b = np.searchsorted(flat, mids.reshape(-1)).reshape(len(rows), k - 1) - n * rows
+        b = np.concatenate([np.zeros((len(rows), 1), np.int64), b, np.full((len(rows), 1), n)], axis=1)
+        moved = (b != edges[rows[:, 0]]).any(axis=1)  # a tile whose clusters stay has converged
+        rows, b, c = rows[moved], b[moved], c[moved]
+        if not len(rows):
             break
-        edges, mass = b, cw[rows, b[:, 1:]] - cw[rows, b[:, :-1]]
+        edges[rows[:, 0]], mass = b, cw[rows, b[:, 1:]] - cw[rows, b[:, :-1]]
         sums = csum[rows, b[:, 1:]] - csum[rows, b[:, :-1]]
-        cent = np.where(mass > 0, sums / np.where(mass > 0, mass, 1), cent)  # an empty cluster keeps its centroid
+        cent[rows[:, 0]] = np.where(mass > 0, sums / np.where(mass > 0, mass, 1), c)  # an empty cluster stays
     lut = np.sort(cent.astype(np.float16), axis=1)
     idx = nearest(x, lut).reshape(out // group, inp // block, group, block).transpose(0, 2, 1, 3)
     return LutQuant(idx.reshape(out, inp).astype(np.uint8), lut.reshape(out // group, inp // block, k))
