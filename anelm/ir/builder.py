@@ -262,7 +262,8 @@ class GraphBuilder:
         tables `lut` of rank indices' + 2 (`[..blocks.., 2^bits, 1]`), made dense when the program
         is compiled (iOS 18; ops_quant). The graph holds sub-byte indices in an int8 array (0..63 fit)."""
         if indices_dtype not in ("uint1", "uint2", "uint3", "uint4", "uint6"):
-            raise ShapeError(f"palettized indices dtype {indices_dtype!r}; expected uint1, uint2, uint3, uint4 or uint6")
+            raise ShapeError(f"palettized indices dtype {indices_dtype!r}; expected uint1, uint2, uint3, "
+                             "uint4 or uint6")
         n = self.graph.peek_name(name or "palettized")
         d = self.const(np.asarray(indices).astype(np.int8), name=f"{n}_indices", blob=True)
         d.type = TensorType(indices_dtype, d.type.shape)

@@ -133,3 +133,36 @@ def test_kmeans_finds_a_grid_and_takes_the_nearest_entry():
     full = np.repeat(np.repeat(lq.lut, 8, 0), 16, 1).astype(np.float64)  # [32, 48, 16]
     best = np.abs(w[:, :, None] - full).min(axis=2)
     assert np.array_equal(np.abs(w - lq.dense().astype(np.float64)), best)
+
+
+def test_row_factors_a_table_cannot_take_scale_the_output_rows():
+    """A fold whose factor differs between the rows of one table (none of ours does) is left to a
+    multiply of the conv's output rows; a factor shared by a group's rows goes into its table.
+    The kernel's result equals the folded dense weight's product either way."""
+    from anelm.chip.profile import STRICT
+    from anelm.compiler.pipeline import compile_graph
+    from anelm.device.emulator import Emulator
+    from anelm.ir.builder import GraphBuilder
+    from anelm.kernels.int8 import QLinear, quant_linear
+    from anelm.runtime.kernel import Kernel
+
+    rng = np.random.default_rng(4)
+    lq = palettize(rng.standard_normal((32, 64)).astype(np.float32) * 0.1, 4, 8, 64)
+    factor = np.repeat([0.5, 2.0, 1.0, 0.25], 8)
+    factor[24:28] = 4.0  # the last table's rows disagree
+    scaled = lq.rows_scaled(factor)
+    assert np.array_equal(scaled.lut[:3], (lq.lut[:3] * np.array([0.5, 2.0, 1.0])[:, None, None]).astype(np.float16))
+    assert np.array_equal(scaled.lut[3], lq.lut[3]) and scaled.out_scale is not None
+    assert np.array_equal(scaled.out_scale, np.r_[np.ones(24), factor[24:]].astype(np.float32))
+    b = GraphBuilder("lut_rows")
+    x = b.input("x", [1, 64, 1, 16])
+    b.output("y", quant_linear(b, x, QLinear(scaled, scaled.out_scale), name="y"))
+    art = compile_graph(b.build(), STRICT)
+    xs = rng.uniform(-1, 1, (1, 64, 1, 16)).astype(np.float16)
+    got = np.asarray(Kernel(art, Emulator(STRICT))(x=xs)["y"], np.float64)[0, :, 0, :]
+    ref = (lq.dense() * factor[:, None]) @ xs[0, :, 0, :].astype(np.float64)
+    assert np.abs(got - ref).max() <= 3e-3 * np.abs(ref).max()
+    # the cost pass counts the stored bytes: packed indices, fp16 tables, the row factors
+    from anelm.chip.cost import KernelCost
+
+    assert KernelCost.of(art).weight_bytes == 32 * 64 // 2 + 2 * scaled.lut.size + 2 * 32
