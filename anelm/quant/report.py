@@ -70,13 +70,15 @@ def larger_note(r: dict) -> str | None:
         return None
     mib, b = (lambda n: f"{n / 2**20:.1f} MiB"), r.get("file_breakdown") or {}  # noqa: E731
     parts, tensors = ", ".join(f"{k} {mib(v)}" for k, v in b.items() if v), sum(b.values()) - b.get("other files", 0)
-    if r["scheme"] != "w4":
+    if r["scheme"] in ("w8", "w8a8"):
         why = ("the source stores fewer than 8 bits a weight (a 4-bit GGUF, say), the folder int8 weights "
                "(and its norms and embedding in float32)")
     elif b and tensors <= r["source_file_bytes"]:  # SmolLM2's Q4_1 GGUF: the same blocks, byte for byte
         why = (f"its tensors take {mib(tensors)}, no more than the source's whole file; the rest is the tokenizer "
                f"and config files ({mib(b['other files'])}), which a GGUF keeps packed in its header")
-    else:
+    elif r["scheme"] == "w4":
         why = "the source packs its weights tighter than 4-bit blocks with an fp16 scale and offset each"
+    else:  # lut4/lut6
+        why = f"the source packs its weights tighter than {r['scheme'][3:]}-bit indices with fp16 tables"
     return (f"anelm: note: the folder takes {r['file_bytes'] / 2**20:.0f} MiB on disk, more than its source's "
             f"{r['source_file_bytes'] / 2**20:.0f} MiB: {why}" + (f" ({parts})" if parts else ""))

@@ -166,3 +166,18 @@ def test_row_factors_a_table_cannot_take_scale_the_output_rows():
     from anelm.chip.cost import KernelCost
 
     assert KernelCost.of(art).weight_bytes == 32 * 64 // 2 + 2 * scaled.lut.size + 2 * 32
+
+
+def test_a_lut4_folder_larger_than_its_gguf_says_why(capsys):
+    """SmolLM2's Q4_1 GGUF (98.4 MB) -> its lut4 folder (104.6 MB, as measured): 4-bit indices and
+    a table per 192 weights take more than Q4_1's blocks; the note says so, not W4's reason."""
+    from anelm.quant.command import print_summary
+
+    report = {"scheme": "lut4", "source_ppl": 27.425, "quantized_ppl": 28.745, "ppl_ratio": 1.048, "eval_tokens": 128,
+              "source_bytes": 269030016, "quantized_bytes": 127472256, "max_activation": None,
+              "file_bytes": 104600000, "source_file_bytes": 98362432,
+              "file_breakdown": {"quantized weights": 81395712, "scales and offsets": 19500000,
+                                 "float32 tensors": 140544, "other files": 3524338}}
+    print_summary(report)
+    err = capsys.readouterr().err
+    assert "lut4: perplexity 27.4250 -> 28.7450" in err and "4-bit indices with fp16 tables" in err
