@@ -24,13 +24,16 @@ CONFIGS = {"gpt2": GPT2Config(n_embd=32, n_head=4, n_layer=2, n_positions=64),
            "mistral": registry.module("mistral").Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                                         num_attention_heads=4, num_key_value_heads=2, sliding_window=8),
            "smollm3": registry.module("smollm3").Config(hidden_size=32, intermediate_size=48, num_hidden_layers=4,
-                                                        num_attention_heads=4, num_key_value_heads=2)}
+                                                        num_attention_heads=4, num_key_value_heads=2),
+           "phi3": registry.module("phi3").Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=64)}
 
 
 def test_every_model_type_has_its_family():
     assert set(CONFIGS) == set(FAMILY)
     assert family_for("gpt2") is GPT2 and family_for("llama") is LLAMA and family_for("qwen3") is LLAMA
     assert family_for("gemma3_text") is GEMMA and family_for("qwen2") is LLAMA and family_for("mistral") is LLAMA
+    assert family_for("phi3") is LLAMA  # its fused q/k/v and gate/up are split as it loads
     assert set(FAMILIES) == set(FAMILY.values())
 
 
