@@ -72,7 +72,8 @@ MAX_MODULE_LINES = 400
 # + 2: quant/lut.py's Lloyd iterates only the tiles still moving (ba8d341).
 # + 1: ir/builder.py's LUT dtype error within 120 columns.
 # + 2: quantize's larger-than-source note gives LUT's reason (issue 34).
-MAX_PACKAGE_LINES = 30655
+# + 1: the step model asks the family whether the SwiGLU backward runs on the device.
+MAX_PACKAGE_LINES = 30656
 
 
 def line_counts() -> dict[str, int]:

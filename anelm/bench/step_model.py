@@ -106,9 +106,10 @@ def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str
     SwiGLU backward on the device for the Llama family (train/step.py)."""
     from ..kernels.families import family_for
 
-    llama = family_for(config.get("model_type", "llama")).name == "llama"
-    return StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=llama,
-                    dw_overlaps_forward=llama)
+    family = family_for(config.get("model_type", "llama"))
+    swiglu = family.gated and family.activation == "silu"  # as train/step.py decides it
+    return StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=swiglu,
+                    dw_overlaps_forward=swiglu)
 
 
 def _params(c: dict) -> int:
