@@ -29,7 +29,7 @@ SUBCOMMANDS = {
     "chat": ("chat", "chat with a model"),
     "serve": ("serve", "serve a model over the OpenAI API (chat and text completions, streaming)"),
     "perplexity": ("perplexity", "score a text file with a model: perplexity and next-token choices"),
-    "quantize": ("quantize", "int8 weights (w8) or weights and activations (w8a8), calibrated and scored"),
+    "quantize": ("quantize", "weights to int8 (w8, w8a8), 4-bit blocks (w4) or lookup tables (lut4, lut6), scored"),
     "doctor": ("doctor", "report the machine and devices; run the hardware conformance suite"),
     "demo": ("demo", "compile a small transformer layer and run it on the best device"),
     "bench": ("bench", "predict ANE time from the compiled programs (cost model) and measure beside it"),
