@@ -29,6 +29,7 @@ weights, out of reach.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
@@ -78,6 +79,10 @@ class LayerBlobs:
                 if isinstance(a, QLinear):  # an int8 linear: its int8 file and its small fields
                     a, small = a.q, repr([(f, _field(getattr(a, f))) for f in _QFIELDS])
                     h.update(f"{name}.{part}.q8={small};".encode())
+                if dataclasses.is_dataclass(a):  # 4-bit blocks or lookup tables: every field, no file
+                    small = [_field(getattr(a, f.name)) for f in dataclasses.fields(a)]
+                    h.update(f"{name}.{part}.{type(a).__name__}={small};".encode())
+                    continue
                 if not isinstance(a, np.ndarray):
                     return None  # anything else: those programs build as before
                 file = backing_file(a, "fp16" if a.dtype != np.int8 else "int8") if part == "w" else None

@@ -264,7 +264,7 @@ def quantized(tmp_path_factory):
     ids = np.random.default_rng(3).integers(3, 96, 200).tolist()
     text.write_text(" ".join(hf_tiny.WORDS[i] for i in ids) + "\n", encoding="utf-8")
     out = {}
-    for scheme in ("w8", "w8a8"):
+    for scheme in ("w8", "w8a8", "w4", "lut4"):
         assert main(["quantize", "--model", str(root / "llama"), "--out", str(root / scheme), "--scheme", scheme,
                      "--data", str(text), "--calib-tokens", "64", "--eval-tokens", "64", "--device", "emulator"]) == 0
         config, weights, _ = load_model(root / scheme)
@@ -288,3 +288,17 @@ def test_int8_layers_are_stored_and_served_from_their_int8_weights(quantized, sc
     q = next(w.q for w, _ in warm.layers[0].values() if hasattr(w, "q"))
     blobs = [b for kern in warm.kernels.values() for b in kern.artifact.weights.values()]
     assert any(isinstance(b, memoryview) and np.shares_memory(np.frombuffer(b, np.uint8), q) for b in blobs)
+
+
+@pytest.mark.parametrize("scheme", ["w4", "lut4"])
+def test_4bit_layers_are_stored_and_served_warm(quantized, scheme, monkeypatch):
+    """A W4 or LUT folder's runner finds its programs warm too (their layers' digests cover the
+    blocks, tables and indices): the cold programs and logits, nothing built."""
+    config, weights = quantized[scheme]
+    builds = Builds(monkeypatch)
+    cold, cold_logits = generate(config, weights, Emulator(NOBUDGET))
+    assert len(builds.names) == 2 * config.num_hidden_layers
+    builds.forbid()
+    warm, warm_logits = generate(config, weights, Emulator(NOBUDGET))
+    assert warm_logits.tobytes() == cold_logits.tobytes()
+    assert programs(warm) == programs(cold)
