@@ -272,10 +272,11 @@ def quantized(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("scheme", ["w8", "w8a8"])
-def test_int8_layers_are_stored_and_served_from_their_int8_weights(quantized, scheme, monkeypatch):
-    """A quantized folder's runner (int8 linears, issue 28) finds its programs warm too: the
-    cold programs and logits, nothing built, the int8 blobs the runner's own q arrays."""
+@pytest.mark.parametrize("scheme", ["w8", "w8a8", "w4", "lut4"])
+def test_quantized_layers_are_stored_and_served_warm(quantized, scheme, monkeypatch):
+    """A quantized folder's runner finds its programs warm too: the cold programs and logits,
+    nothing built. Int8 linears (issue 28) are served from their int8 weights (the blobs are the
+    runner's own q arrays); W4 and LUT layers' digests cover their blocks, tables and indices."""
     config, weights = quantized[scheme]
     assert getattr(weights, "quant", None) is not None
     builds = Builds(monkeypatch)
@@ -285,20 +286,7 @@ def test_int8_layers_are_stored_and_served_from_their_int8_weights(quantized, sc
     warm, warm_logits = generate(config, weights, Emulator(NOBUDGET))
     assert warm_logits.tobytes() == cold_logits.tobytes()
     assert programs(warm) == programs(cold)
-    q = next(w.q for w, _ in warm.layers[0].values() if hasattr(w, "q"))
-    blobs = [b for kern in warm.kernels.values() for b in kern.artifact.weights.values()]
-    assert any(isinstance(b, memoryview) and np.shares_memory(np.frombuffer(b, np.uint8), q) for b in blobs)
-
-
-@pytest.mark.parametrize("scheme", ["w4", "lut4"])
-def test_4bit_layers_are_stored_and_served_warm(quantized, scheme, monkeypatch):
-    """A W4 or LUT folder's runner finds its programs warm too (their layers' digests cover the
-    blocks, tables and indices): the cold programs and logits, nothing built."""
-    config, weights = quantized[scheme]
-    builds = Builds(monkeypatch)
-    cold, cold_logits = generate(config, weights, Emulator(NOBUDGET))
-    assert len(builds.names) == 2 * config.num_hidden_layers
-    builds.forbid()
-    warm, warm_logits = generate(config, weights, Emulator(NOBUDGET))
-    assert warm_logits.tobytes() == cold_logits.tobytes()
-    assert programs(warm) == programs(cold)
+    if scheme in ("w8", "w8a8"):
+        q = next(w.q for w, _ in warm.layers[0].values() if hasattr(w, "q"))
+        blobs = [b for kern in warm.kernels.values() for b in kern.artifact.weights.values()]
+        assert any(isinstance(b, memoryview) and np.shares_memory(np.frombuffer(b, np.uint8), q) for b in blobs)
