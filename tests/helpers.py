@@ -94,3 +94,15 @@ def byte_tokenizer(eos_id: int = 256):
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<eos>"])
     return HFTokenizer(tok, eos_id=eos_id)
+
+
+def device_against_cpu(config, weights, ids=(5, 9, 17, 33, 2, 70, 41, 8), max_context: int = 32) -> float:
+    """`rel_err` of a model's logits from the device pipeline on the emulator against its float32
+    CPU reference on the same weights (a quantized folder's: the dequantized ones)."""
+    from anelm.generate.pipeline import build_runner
+    from anelm.models.loading import build_model
+
+    cpu = build_model(config, dict(weights))
+    ref = cpu.prefill(list(ids), cpu.new_cache())
+    runner = build_runner(config, weights, "emulator", max_context=max_context)
+    return rel_err(runner.prefill(list(ids), runner.new_cache()), ref)

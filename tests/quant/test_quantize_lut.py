@@ -11,11 +11,12 @@ from safetensors.numpy import load_file
 
 pytest.importorskip("transformers")
 import hf_tiny  # noqa: E402
+from helpers import device_against_cpu  # noqa: E402
 
 from anelm.cli.main import main  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.mil.blob import unpack_bits  # noqa: E402
-from anelm.models.loading import build_model, load_model  # noqa: E402
+from anelm.models.loading import load_model  # noqa: E402
 from anelm.models.quantized import LutQuant  # noqa: E402
 from anelm.quant.lut import palettize  # noqa: E402
 
@@ -87,12 +88,7 @@ def test_kernels_carry_the_folders_indices_and_tables(tiny):
 @pytest.mark.parametrize("bits", [4, 6])
 def test_device_logits_against_the_cpu_reference(tiny, bits):
     config, weights, _ = load_model(tiny[2] if bits == 4 else tiny[3])
-    ids = [5, 9, 17, 33, 2, 70, 41, 8]
-    cpu = build_model(config, dict(weights))
-    ref = cpu.prefill(ids, cpu.new_cache())
-    runner = build_runner(config, weights, "emulator", max_context=32)
-    got = runner.prefill(ids, runner.new_cache())
-    err = np.abs(got - ref).max() / np.abs(ref).max()
+    err = device_against_cpu(config, weights)
     assert err < 3e-2, err
 
 

@@ -11,11 +11,12 @@ from safetensors.numpy import load_file
 
 pytest.importorskip("transformers")
 import hf_tiny  # noqa: E402
+from helpers import device_against_cpu  # noqa: E402
 
 from anelm.cli.main import main  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.ir.ops_quant import blockwise_dense  # noqa: E402
-from anelm.models.loading import build_model, load_model  # noqa: E402
+from anelm.models.loading import load_model  # noqa: E402
 from anelm.mil.blob import unpack_bits  # noqa: E402
 from anelm.models.quantized import BlockQuant, quantize_blocks  # noqa: E402
 
@@ -86,12 +87,7 @@ def test_device_logits_against_the_cpu_reference(tiny):
     weights: the whole-model logits tolerance of §6."""
     _, _, q = tiny
     config, weights, _ = load_model(q)
-    ids = [5, 9, 17, 33, 2, 70, 41, 8]
-    cpu = build_model(config, dict(weights))
-    ref = cpu.prefill(ids, cpu.new_cache())
-    runner = build_runner(config, weights, "emulator", max_context=32)
-    got = runner.prefill(ids, runner.new_cache())
-    err = np.abs(got - ref).max() / np.abs(ref).max()
+    err = device_against_cpu(config, weights)
     assert err < 3e-2, err
 
 
@@ -216,9 +212,5 @@ def test_other_families_against_the_cpu_reference(kind, tmp_path):
     config, weights, tok = load_model(tmp_path / "m")
     folder, plan, _ = build_folder(tmp_path / "q", config, weights, tok, "w4", [], 32, False, block_size=BLOCK)
     config, weights, _ = load_model(folder)
-    ids = [5, 9, 17, 33, 2, 70, 41, 8]
-    cpu = build_model(config, dict(weights))
-    ref = cpu.prefill(ids, cpu.new_cache())
-    runner = build_runner(config, weights, "emulator", max_context=32)
-    got = runner.prefill(ids, runner.new_cache())
-    assert np.abs(got - ref).max() / np.abs(ref).max() < 3e-2
+    err = device_against_cpu(config, weights)
+    assert err < 3e-2, err
