@@ -89,22 +89,23 @@ def sram(chip: str, chips: list[str], measure: bool, repeat: int, **_):
 MADERIX = {"stories110m": "maderix-stories110m-dynamic", "qwen3-0.6b": "maderix-qwen3-0.6b-dynamic"}
 
 
-def _spec(preset: str, seq_len, batch, accum, pipeline, head_on: str = "auto") -> StepSpec:
+def _spec(preset: str, seq_len, batch, accum, pipeline, head_on: str = "auto", embed_on: str = "cpu") -> StepSpec:
     from ..train.presets import TRAIN_DEFAULTS, get_preset
 
     cfg, d = get_preset(preset), TRAIN_DEFAULTS.get(preset, {})
     seq = seq_len or d.get("seq_len", 256)
     if seq > cfg["max_position_embeddings"]:
         raise UsageError(f"--seq-len {seq}: expected at most the preset's context {cfg['max_position_embeddings']}")
-    return anelm_spec(cfg, seq, batch or d.get("batch_size", 8), accum or 1, pipeline, head_on)
+    return anelm_spec(cfg, seq, batch or d.get("batch_size", 8), accum or 1, pipeline, head_on, embed_on)
 
 
 def train(chip: str, preset: str | None, pipeline: str, measure: bool, repeat: int,
-          seq_len=None, batch_size=None, grad_accum=None, head_on="auto", **_):
+          seq_len=None, batch_size=None, grad_accum=None, head_on="auto", embed_on="cpu", **_):
     preset = preset or "tiny"
-    spec = _spec(preset, seq_len, batch_size, grad_accum, pipeline, head_on)
+    spec = _spec(preset, seq_len, batch_size, grad_accum, pipeline, head_on, embed_on)
     r = predict_step(spec, get_chip(chip))
-    out = {"chip": chip, "preset": preset, "pipeline": pipeline, "head_on": r["head_on"], "seq_len": spec.seq_len,
+    out = {"chip": chip, "preset": preset, "pipeline": pipeline, "head_on": r["head_on"], "embed_on": embed_on,
+           "seq_len": spec.seq_len,
            "batch_size": spec.batch, "grad_accum": spec.accum, "predicted_step_ms": r["predicted_step_ms"],
            "predicted_breakdown": r["predicted_breakdown"], "predicted_dispatch_ms": r["predicted_dispatch_ms"],
            "predicted_dw_ms": r["predicted_dw_ms"], "emulator_step_ms": None, "measured_step_ms": None}

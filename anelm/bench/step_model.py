@@ -4,7 +4,8 @@ A step is `accum` micro-steps of `batch` sequences of S tokens, then one optimiz
 Per micro-step, as the trainer (anelm/train/step.py) and maderix's dynamic pipeline run it:
 
     forward    per layer: device qkv, sdpa_fwd, wo, ffn_up, ffn_down; CPU norms, RoPE, residuals
-    head       CPU final norm, classifier logits and dy (sgemm), softmax cross-entropy
+    head       CPU final norm, classifier logits and dy (sgemm), softmax cross-entropy; or in
+               vocabulary tiles on the ANE, or on the GPU (train/placement.py)
     backward   per layer: device dx kernels; CPU SwiGLU backward, norm backward, inverse RoPE
     dW         CPU sgemm on a worker queue, overlapping the backward (anelm: and the next micro-
                step's forward, but for the last); only what outlasts them shows
@@ -83,6 +84,9 @@ class StepSpec:
     # where the classifier and its loss run (train/placement.py: "cpu", "ane" in vocabulary
     # tiles, or "auto", the one predicted faster on the chip); the references' run on the CPU
     head_on: str = "cpu"
+    # where the embedding's gather and scatter run: "cpu", or "gpu" (rows and their gradient
+    # copied across, the table restaged per update)
+    embed_on: str = "cpu"
     # anelm's ffn_down_dx with the SwiGLU backward inside (kernels.training Dims.swiglu_dx), as
     # the trainer runs Llama-family layers on the ANE (`anelm_spec`)
     swiglu_on_device: bool = False
@@ -101,7 +105,8 @@ class StepSpec:
                     swiglu_dx=self.swiglu_on_device)
 
 
-def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str, head_on: str) -> StepSpec:
+def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str, head_on: str,
+               embed_on: str = "cpu") -> StepSpec:
     """anelm's own step as the trainer runs it on the ANE: the classifier at `head_on`, and the
     SwiGLU backward on the device for the Llama family (train/step.py)."""
     from ..kernels.families import family_for
@@ -109,7 +114,7 @@ def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str
     family = family_for(config.get("model_type", "llama"))
     swiglu = family.gated and family.activation == "silu"  # as train/step.py decides it
     return StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=swiglu,
-                    dw_overlaps_forward=swiglu)
+                    dw_overlaps_forward=swiglu, embed_on=embed_on)
 
 
 def _params(c: dict) -> int:
@@ -177,7 +182,10 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     place = spec.head_on if spec.head_on != "auto" else fastest_head(vocab, m.d, m.s, spec.batch, spec.accum, chip, ce)
     head = head_seconds(place, vocab, m.d, m.s, spec.batch, chip, ce)
     classifier_dw = head["dw"]
-    classifier = head["main"] + (RMSNORM_BYTES_PER_ELEMENT * m.d + 16 * m.d) * n / vec
+    # the embedding: gather and scatter-add (16 bytes an element) on the CPU; on the GPU its rows
+    # and their gradient cross (8) and the gradient's rows are added to the CPU's buffer (12)
+    embed = (20 if spec.embed_on == "gpu" else 16) * m.d  # bytes per position
+    classifier = head["main"] + (RMSNORM_BYTES_PER_ELEMENT * m.d + embed) * n / vec
     dw = layers * (matmul_flops(m.d, n, 2 * m.q + 2 * m.kv) + matmul_flops(m.d, n, 3 * m.f)) / chip.cpu_sgemm_flops
     if spec.classifier_dw_on_main:
         classifier += classifier_dw
@@ -185,6 +193,7 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
         dw += classifier_dw
     bwd_main = dev["backward"] + io["backward"] + swiglu + rms_bwd + other_bwd
     dw_exposed = max(0.0, dw - bwd_main)
+    gpu = head["gpu"] + max(0.0, head["gpu_beside"] - bwd_main)  # dW's GEMM beside the backward
     if spec.dw_overlaps_forward:  # all but the last micro-step's dW run on into the next forward
         fwd_main = dev["forward"] + io["forward"] + rms_fwd + other_fwd + classifier
         dw_exposed = ((spec.accum - 1) * max(0.0, dw - bwd_main - fwd_main) + dw_exposed) / spec.accum
@@ -193,6 +202,8 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     grad_passes = ZERO_AND_SCALE_BYTES * p if spec.zero_and_scale_grads else 0
     optimizer = (ADAMW_BYTES * p + accumulate + grad_passes) / vec
     restage, recompile = head["restage"], 0.0  # the head's tiles are data in either pipeline
+    if spec.embed_on == "gpu":
+        restage += F32 * c["vocab_size"] * m.d / vec
     if spec.pipeline == "dynamic":
         restage += layers * sum(k.pop("_weights") for k in kernels) * IO_BYTES / vec
     else:
@@ -203,7 +214,8 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
              "io_forward_ms": io["forward"] * a, "io_backward_ms": io["backward"] * a,
              "restage_ms": restage, "classifier_ms": classifier * a, "swiglu_backward_ms": swiglu * a,
              "rmsnorm_ms": (rms_fwd + rms_bwd) * a, "other_cpu_ms": (other_fwd + other_bwd) * a,
-             "dw_exposed_ms": dw_exposed * a, "optimizer_ms": optimizer, "recompile_ms": recompile}
+             "dw_exposed_ms": dw_exposed * a, "optimizer_ms": optimizer, "recompile_ms": recompile,
+             "gpu_ms": gpu * a}
     parts = {k: v * 1e3 for k, v in parts.items()}
     step_ms = sum(parts.values())
     for k in kernels:

@@ -41,8 +41,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="train/kernels: sequences per micro-batch (default: the preset's)")
     p.add_argument("--grad-accum", type=positive_int, default=None, metavar="N",
                    help="train: micro-batches per optimizer step (default: 1)")
-    p.add_argument("--head-on", choices=["auto", "ane", "cpu"], default="auto",
-                   help="train: where the classifier and its loss run (auto: the one predicted faster on the chip)")
+    p.add_argument("--head-on", choices=["auto", "ane", "cpu", "gpu"], default="auto",
+                   help="train: where the classifier and its loss run (auto: the one predicted fastest on the chip)")
+    p.add_argument("--embed-on", choices=["cpu", "gpu"], default="cpu",
+                   help="train: where the embedding's gather and its gradient run")
     p.add_argument("--repeat", type=positive_int, default=5, metavar="N",
                    help="timed runs per measurement, the best of them is reported (default: 5)")
     p.add_argument("--no-measure", action="store_true", help="predict only; run nothing on the device")
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         result, lines, png = BENCHMARKS[args.what](
             chip=chip, chips=[chip] if args.chip else chip_names(), preset=args.preset, model=args.model,
             pipeline=args.pipeline, measure=not args.no_measure, repeat=args.repeat, seq_len=args.seq_len,
-            batch_size=args.batch_size, grad_accum=args.grad_accum, head_on=args.head_on)
+            batch_size=args.batch_size, grad_accum=args.grad_accum, head_on=args.head_on,
+            embed_on=args.embed_on)
         if args.png:
             png(args.png)
             print(f"anelm: wrote {args.png}", file=sys.stderr)

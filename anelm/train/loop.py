@@ -106,7 +106,8 @@ class Trainer:
                                     a.grad_accum)
         self.dev = step_factory(cfg, self.params, device, seq_len=a.seq_len, pipeline=a.pipeline,
                                 **({"packed": True} if self.packed else {}),
-                                **({"head_on": self.head_on} if self.head_on != "cpu" else {}))
+                                **({"head_on": self.head_on} if self.head_on != "cpu" else {}),
+                                **({"embed_on": a.embed_on} if a.embed_on != "cpu" else {}))
         self.device_name = getattr(device, "name", str(device))
         self.last_eval: float | None = None
         self.weights_stale = False  # set_weights hit the compile budget: the device is behind
@@ -285,7 +286,8 @@ class Trainer:
             **{k: round(float(stats_sum[k]), 6) for k in ("t_device", "t_cpu", "t_dw") if k in stats_sum},
             **{k: stats_sum[k] for k in ("allreduce_ms", "allreduce_wait_ms", "allreduce_bytes")
                if k in stats_sum},
-            t_step=round(dt, 6), compiles=compile_count(), head_on=self.head_on)
+            t_step=round(dt, 6), compiles=compile_count(), head_on=self.head_on,
+            embed_on=a.embed_on)
 
     def _apply(self, grads: dict, scale: float, lr: float) -> dict:
         """Scaler decision, unscale, clip, AdamW, weights to the device. Returns record extras."""

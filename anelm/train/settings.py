@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from ..errors import UsageError
 
 PIPELINES = ("dynamic", "static")
-HEAD_PLACES = ("auto", "ane", "cpu")  # train/placement.py
+HEAD_PLACES = ("auto", "ane", "cpu", "gpu")  # train/placement.py
+EMBED_PLACES = ("cpu", "gpu")
 
 
 def _f(default, help_: str, **kw):
@@ -57,8 +58,10 @@ class TrainSettings:
     pipeline: str = _f("dynamic", "dynamic: weights as kernel inputs, compiled once; static: weights "
                                   "baked into the kernels, recompiled per update", choices=PIPELINES)
     head_on: str = _f("auto", "where the classifier and its loss run: ane (vocabulary tiles on the device), cpu, "
-                              "or auto, the one the cost model predicts faster on the chip (the CPU on the emulator)",
-                      choices=HEAD_PLACES)
+                              "gpu (torch's mps on a Mac, or cuda), or auto, the one the cost model predicts "
+                              "fastest on the chip (the CPU on the emulator)", choices=HEAD_PLACES)
+    embed_on: str = _f("cpu", "where the embedding's gather and its gradient run: cpu, or gpu (as --head-on gpu)",
+                       choices=EMBED_PLACES)
     sample_tokens: int = _f(64, "tokens of the sample printed at the end (0: none)", kind="nonneg")
     bpe_vocab_size: int | None = _f(None, "vocabulary of the BPE trained when no tokenizer is given "
                                           "(default: the preset's)", kind="positive")

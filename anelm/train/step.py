@@ -64,7 +64,7 @@ class DeviceTrainStep(StepHead):
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int,
                  pipeline: str = "dynamic", lora=None, packed: bool = False, head_on: str = "cpu",
-                 swiglu_on_device: bool | None = None):
+                 swiglu_on_device: bool | None = None, embed_on: str = "cpu"):
         self._check_config(config)
         if pipeline not in PIPELINES:
             raise UsageError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
@@ -106,7 +106,7 @@ class DeviceTrainStep(StepHead):
         self._deferred: list[Job] = []  # dW jobs of a micro-batch returned with `defer`
         # deferral needs every dW and the embedding's gradient written into the buffers by jobs
         self._can_defer = type(self)._dw is DeviceTrainStep._dw and type(self)._embed_bwd is StepHead._embed_bwd
-        self._open_head(head_on, device)  # the classifier: on the CPU, or in tiles on the device
+        self._open_head(head_on, device, embed_on)  # the classifier: on the CPU, in tiles on the device, or the GPU
 
     @staticmethod
     def _check_config(config) -> None:
@@ -123,8 +123,7 @@ class DeviceTrainStep(StepHead):
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         self.w = _check_weights(self.cfg, weights)
         self.bank.set_weights(self.w)
-        if self._dhead is not None:
-            self._dhead.set_weights(self._head())
+        self._restage_ends()
 
     # ------------------------------------------------------------------ public steps
     def loss(self, x: np.ndarray, y: np.ndarray, positions: np.ndarray | None = None) -> float:
@@ -206,7 +205,7 @@ class DeviceTrainStep(StepHead):
     def close(self) -> None:
         self._pool.close()
         self.bank.close()
-        if self._dhead is not None:
+        if self._dhead is not None and hasattr(self._dhead, "close"):
             self._dhead.close()
         if self._blas is not None:
             self._blas.restore_original_limits()
@@ -325,7 +324,7 @@ class DeviceTrainStep(StepHead):
 
     # ------------------------------------------------------------------ forward
     def _embed(self, ids: np.ndarray) -> np.ndarray:
-        return ops.embed_fwd(self.w[self.embed], ids.reshape(-1))   # [D, B·S]
+        return self._embed_rows(ids)   # [D, B·S]
 
     def _forward(self, ids: np.ndarray, keep: bool) -> tuple[np.ndarray, list[dict]]:
         x = self._embed(ids)

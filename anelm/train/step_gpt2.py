@@ -72,7 +72,7 @@ class GPT2TrainStep(DeviceTrainStep):
     # ------------------------------------------------------------------ forward
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         w = self.w
-        return ops.embed_fwd(w[self.embed], ids.reshape(-1)) + ops.embed_fwd(w[self.wpe], self._positions)
+        return self._embed_rows(ids) + ops.embed_fwd(w[self.wpe], self._positions)
 
     def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
         eps, clamp, p = self.cfg.layer_norm_epsilon, ops.clamp_fp16, functools.partial(self._p, i)
@@ -98,10 +98,8 @@ class GPT2TrainStep(DeviceTrainStep):
         return loss, dy, {self.final_norm: dw, self.final_norm.removesuffix("weight") + "bias": db}, head_dw
 
     def _embed_bwd(self, dy: np.ndarray, ids: np.ndarray, grads: dict) -> None:
-        wte, wpe = self.embed, self.wpe
-        if wte not in grads:
-            grads[wte] = np.zeros_like(self.w[wte])
-        ops.embed_bwd(dy, ids.reshape(-1), grads[wte])
+        super()._embed_bwd(dy, ids, grads)  # the token table, where the embedding runs
+        wpe = self.wpe
         grads[wpe] = ops.embed_bwd(dy, self._positions, np.zeros_like(self.w[wpe]))
 
     def _layer_bwd(self, i: int, dy: np.ndarray, c: dict, grads: dict, jobs: dict) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The classifier and its loss on the device in vocabulary tiles (`--head-on ane`, issue 32).
+"""The classifier and its loss on the device in vocabulary tiles (`--head-on ane`).
 
 The tiles' join (train/head_device.py) against `cpu_ops.head_loss` in float32: the loss, dx
 and dW within the tolerances of one matmul against float32 (CONTRACTS §6: 1e-2, cosine ≥
@@ -98,7 +98,7 @@ def test_auto_keeps_the_cpu_head_on_the_emulator_and_refuses_unknown_places():
                                         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                         num_attention_heads=4, num_key_value_heads=4, head_dim=8,
                                         max_position_embeddings=64), seed=0),
-                        Emulator(STRICT), seq_len=16, head_on="gpu")
+                        Emulator(STRICT), seq_len=16, head_on="tpu")
 
 
 @pytest.fixture(scope="module")

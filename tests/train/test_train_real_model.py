@@ -55,3 +55,28 @@ def test_init_from_gguf_starts_at_hf_loss_and_fine_tuning_lowers_eval_loss(smoll
     assert abs(first["loss"] / hf_loss - 1) <= LOSS_TOL, (first["loss"], hf_loss)
     assert not any(r["skipped"] for r in outcome.records)
     assert outcome.final_eval_loss < eval_before, (outcome.final_eval_loss, eval_before)
+
+
+def test_init_from_gguf_with_the_head_on_a_torch_device_logs_the_all_device_losses(smollm_gguf, tmp_path,
+                                                                                    monkeypatch):
+    """`--head-on gpu` (here torch's CPU device, `ANELM_GPU=cpu`: the path a Mac's mps runs)
+    against the classifier in vocabulary tiles on the device, on the real model for a few steps:
+    the same losses within the training tolerance (the tiles' fp16 logits against float32)."""
+    monkeypatch.setenv("ANELM_GPU", "cpu")
+    text = tmp_path / "inventory.txt"
+    text.write_text(inventory(60), encoding="utf-8")
+    losses = {}
+    for place in ("ane", "gpu"):
+        setup = prepare({"init_from": str(smollm_gguf), "data": str(text), "steps": 3, "batch_size": 1,
+                         "seq_len": 32, "lr": 1e-4, "warmup": 0, "eval_every": 3, "eval_batches": 1,
+                         "sample_tokens": 0, "head_on": place}, tmp_path / place, resume=False)
+        trainer = Trainer(setup, Emulator(STRICT), progress=False)
+        try:
+            losses[place] = [r["loss"] for r in trainer.train().records]
+            assert trainer.head_on == place
+        finally:
+            trainer.close()
+    print(f"\nlosses, head on the ANE: {losses['ane']}; on the torch device: {losses['gpu']}")
+    assert len(losses["gpu"]) == 3
+    for a, g in zip(losses["ane"], losses["gpu"]):
+        assert abs(g - a) <= 2e-2 * a, losses
