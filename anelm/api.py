@@ -190,3 +190,16 @@ def _print(msg: str) -> None:
 
 def _quiet(msg: str) -> None:
     pass
+
+
+def supported_models() -> str:
+    """The supported-models tables of README.md (markdown): every architecture of the registry
+    (`anelm/models/registry.py`) with its formats and commands, then every model format."""
+    from .kernels.families import family_for
+    from .models.support import markdown
+    from .train.presets import PRESETS
+
+    presets: dict[str, list[str]] = {}
+    for name, config in PRESETS.items():
+        presets.setdefault(config["model_type"], []).append(name)
+    return markdown(lambda t: family_for(t).trains, presets)
