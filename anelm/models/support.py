@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .quantized import SCHEMES
 from .registry import MODEL_TYPES, arch, module
@@ -22,6 +22,7 @@ TITLES = {"gpt2": "GPT-2", "llama": "Llama (1, 2, 3.x), SmolLM2", "qwen3": "Qwen
           "phi3": "Phi-3, Phi-3.5, Phi-4-mini"}
 
 RUN = "generate, chat, perplexity, serve"
+YES = {True: "yes", False: "no"}
 
 
 @dataclass(frozen=True)
@@ -70,20 +71,21 @@ def lora_targets(model_type: str) -> str:
     return ", ".join(f"`{t}`" for t in arch(model_type).default_targets)
 
 
-def architecture_rows(trains: Callable[[str], bool], presets: Mapping[str, Sequence[str]]) -> list[list[str]]:
+def architecture_rows(family: Callable[[str], Any], presets: Mapping[str, Sequence[str]]) -> list[list[str]]:
     """One row per architecture: its names, formats and what each command does with it.
-    `trains(model_type)`: the trainer has a step for its layers; `presets`: the training
-    presets of each model type (`anelm train --preset`)."""
+    `family(model_type)`: its layer family's kernels (`kernels.families`), None where there are
+    none (generate, quantize and serve need them; finetune and train need its `trains`, the
+    trainer's step); `presets`: the training presets of each model type (`anelm train --preset`)."""
     rows = []
     for t in MODEL_TYPES:
-        a = arch(t)
+        a, f = arch(t), family(t)
+        trains = f is not None and f.trains
         train = "no"
-        if trains(t):
+        if trains:
             own = presets.get(t, ())
             train = (f"`--preset {'`, `'.join(own)}`; " if own else "") + "`--init-from`"
-        rows.append([TITLES.get(t, t), ", ".join(f"`{n}`" for n in (t, *a.aliases)), gguf_name(t), "yes",
-                     f"LoRA ({lora_targets(t)} by default)" if trains(t) else "no", train,
-                     "yes" if trains(t) else "no"])
+        rows.append([TITLES.get(t, t), ", ".join(f"`{n}`" for n in (t, *a.aliases)), gguf_name(t), YES[f is not None],
+                     f"LoRA ({lora_targets(t)} by default)" if trains else "no", train, YES[f is not None]])
     return rows
 
 
@@ -92,11 +94,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def markdown(trains: Callable[[str], bool], presets: Mapping[str, Sequence[str]]) -> str:
+def markdown(family: Callable[[str], Any], presets: Mapping[str, Sequence[str]]) -> str:
     """The two tables, architectures then formats, as README.md holds them."""
     archs = table(["architecture", "HF `model_type`", "GGUF `general.architecture`", RUN, "finetune", "train",
-                   f"quantize ({', '.join(SCHEMES)})"], architecture_rows(trains, presets))
-    yes = {True: "yes", False: "no"}
+                   f"quantize ({', '.join(SCHEMES)})"], architecture_rows(family, presets))
+    yes = YES
     forms = table(["format", RUN, "`--adapter`", "finetune, `train --init-from`", "quantize"],
                   [[f.name, yes[f.run], yes[f.adapter], yes[f.finetune], yes[f.quantize]] for f in formats()])
     return archs + "\n\n" + forms + "\n"
