@@ -49,7 +49,8 @@ def load(path_or_repo: str | os.PathLike, adapter: str | os.PathLike | None = No
     tokenizer     a tokenizer file or folder in place of the model's
     max_context   the most positions a generation holds (prompt + new tokens); fewer positions
                   mean smaller device programs, built and run faster (default: the model's context)
-    verbose       print the notices `anelm generate` prints (model, adapter) on stderr
+    verbose       print the notices `anelm generate` prints (model, adapter) on stderr; the
+                  device's choice is noted on stderr either way, as the commands note it
 
     Errors are `anelm.errors.AnelmError` subclasses with a one-line message (a missing file,
     an architecture anelm does not run, `device="ane"` off a Mac).

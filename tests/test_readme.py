@@ -74,3 +74,21 @@ def test_the_python_example_runs_as_written(smollm_gguf):
     lines = run.stdout.splitlines()
     assert lines[0] == expected.group(1).strip()
     assert len(lines) >= 2 and lines[1].strip(), "the streamed continuation printed nothing"
+
+
+def test_the_format_table_says_what_the_code_refuses():
+    """The quantized folder's "no"s are the commands that call `refuse_quantized`, and the
+    llama2.c row's finetune "no" is the base check of finetune and --init-from (a folder or a
+    .gguf): a command that starts or stops refusing changes the table."""
+    from anelm.models.support import formats
+
+    package = ROOT / "anelm"
+    refusing = {m for p in package.rglob("*.py")
+                for m in re.findall(r'refuse_quantized\([^,]+, "([^"]+)"\)', p.read_text(encoding="utf-8"))}
+    assert refusing == {"finetune", "train --init-from", "export", "--adapter", "quantize"}
+    quantized = next(f for f in formats() if "anelm quantize" in f.name)
+    assert quantized.run and not (quantized.adapter or quantized.finetune or quantized.quantize)
+    for module in ("train/lora.py", "train/init.py"):  # a base is a folder or a .gguf file
+        assert 'p.is_dir() or (p.is_file() and p.suffix == ".gguf")' in (package / module).read_text(encoding="utf-8")
+    llama2c = next(f for f in formats() if "llama2.c" in f.name)
+    assert llama2c.run and not llama2c.finetune
