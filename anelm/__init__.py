@@ -1,7 +1,7 @@
 """anelm: train and run language models on the Apple Neural Engine, or on its emulator.
 
 Data flow, one package per stage, in import order (a package imports only from those above it
-in this list; `tests/test_import_order.py` checks it, the README's architecture section says why):
+in this list; `tests/test_import_order.py` checks it, docs/architecture.md says why):
     errors, atomic, caches   one-line errors, atomic writes, the cache directory
     mil/       MIL program model, text printer and parser, BLOBFILE weights, the compile folder
     ir/        typed SSA graph, op table, builder
@@ -12,6 +12,7 @@ in this list; `tests/test_import_order.py` checks it, the README's architecture 
     runtime/   Kernel: compiled program + signature + surfaces, program cache
     kernels/   every device graph: inference (prefill, decode, int8) and training (forward, dx)
     generate/  runners, the device pipeline, prefill + KV-cache decode, sampling
+    serve/     `anelm serve`: the OpenAI API over HTTP
     train/     training loop, CPU gradient side, optimizer, checkpoints, export
     quant/     `anelm quantize`: calibrate, quantize, score
     bench/     cost model and benchmarks

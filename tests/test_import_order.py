@@ -1,4 +1,4 @@
-"""The package keeps the import order of the README's architecture section: a module imports
+"""The package keeps the import order of docs/architecture.md: a module imports
 only from its own folder and the folders below it, so each layer can be read, tested and
 replaced without the ones above."""
 
@@ -50,7 +50,7 @@ def violations() -> list[str]:
         own = layer_of(list(path.relative_to(PACKAGE).parts))
         if own is None:
             continue
-        assert own in RANK, f"{path}: folder {own!r} has no place in LAYERS (README architecture)"
+        assert own in RANK, f"{path}: folder {own!r} has no place in LAYERS (docs/architecture.md)"
         for line, module in imported_modules(path):
             parts = module.split(".")[1:]
             target = layer_of(parts) if parts else None
