@@ -70,6 +70,10 @@ def test_finetune_then_load_the_adapter(base, capsys):
     text = anelm.generate(tuned, PROMPT, max_tokens=12)
     assert text == cli_text(capsys, "--model", base / "base", "--adapter", run / "adapter", "--prompt", PROMPT,
                             "--max-tokens", 12)
+    # a flag setting is its flag: resume=True continues the run towards the new steps, from its own model
+    assert anelm.finetune(None, out=run, resume=True, steps=3, device="emulator") == run
+    steps = [json.loads(line).get("step") for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(s for s in steps if s is not None) == 3
 
 
 def test_finetune_refuses_bad_settings_before_loading(base):
