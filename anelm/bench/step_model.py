@@ -87,6 +87,9 @@ class StepSpec:
     # where the embedding's gather and scatter run: "cpu", or "gpu" (rows and their gradient
     # copied across, the table restaged per update)
     embed_on: str = "cpu"
+    # a GPU head runs beside the next micro-step's forward, but for the last (anelm's trainer:
+    # DeviceTrainStep.loss_and_grads(ahead=)); else in the step's path
+    head_ahead: bool = False
     # anelm's ffn_down_dx with the SwiGLU backward inside (kernels.training Dims.swiglu_dx), as
     # the trainer runs Llama-family layers on the ANE (`anelm_spec`)
     swiglu_on_device: bool = False
@@ -114,7 +117,7 @@ def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str
     family = family_for(config.get("model_type", "llama"))
     swiglu = family.gated and family.activation == "silu"  # as train/step.py decides it
     return StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=swiglu,
-                    dw_overlaps_forward=swiglu, embed_on=embed_on)
+                    dw_overlaps_forward=swiglu, embed_on=embed_on, head_ahead=True)
 
 
 def _params(c: dict) -> int:
@@ -193,7 +196,11 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
         dw += classifier_dw
     bwd_main = dev["backward"] + io["backward"] + swiglu + rms_bwd + other_bwd
     dw_exposed = max(0.0, dw - bwd_main)
-    gpu = head["gpu"] + max(0.0, head["gpu_beside"] - bwd_main)  # dW's GEMM beside the backward
+    gpu = head["gpu"]
+    if spec.head_ahead:  # beside the next micro-step's forward: only what outlasts it shows
+        fwd_main = dev["forward"] + io["forward"] + rms_fwd + other_fwd
+        gpu = ((spec.accum - 1) * max(0.0, gpu - fwd_main) + gpu) / spec.accum
+    gpu += max(0.0, head["gpu_beside"] - bwd_main)  # dW's GEMM beside the backward
     if spec.dw_overlaps_forward:  # all but the last micro-step's dW run on into the next forward
         fwd_main = dev["forward"] + io["forward"] + rms_fwd + other_fwd + classifier
         dw_exposed = ((spec.accum - 1) * max(0.0, dw - bwd_main - fwd_main) + dw_exposed) / spec.accum

@@ -258,6 +258,9 @@ class Trainer:
             # (and, but for the last, left running beside the next micro-batch's forward)
             into = ({"into": self.acc, "add": k > 0, "defer": k < a.grad_accum - 1}
                     if self.acc is not None and sink is None and fused else {})
+            if k < a.grad_accum - 1 and getattr(self.dev, "head_runs_ahead", False):  # the next forward
+                nxt = batches[k + 1]                                                  # beside the GPU's head
+                into["ahead"] = (nxt.x, nxt.y, nxt.positions if self.packed else None)
             loss, grads, stats = self.dev.loss_and_grads(
                 batch.x, batch.y, loss_scale=scale, **({"sink": sink} if sink is not None else {}),
                 **self._counting(batch, count), **into)

@@ -129,6 +129,11 @@ class LoraHooks:
         return out
 
     # ------------------------------------------------------------------ dropout
+    @property
+    def head_runs_ahead(self) -> bool:
+        """Not with dropout: the next batch's forward would draw this batch's masks."""
+        return super().head_runs_ahead and not self.spec.dropout
+
     def begin_micro_batch(self, step: int, micro: int, rank: int = 0) -> None:
         """Where the next `loss_and_grads` sits in the run: its masks are drawn from (seed, step,
         micro, rank). A call without this draws at the next micro index."""

@@ -136,7 +136,7 @@ class DeviceTrainStep(StepHead):
     def loss_and_grads(self, x: np.ndarray, y: np.ndarray, loss_scale: float = 1.0, sink=None, *,
                        positions: np.ndarray | None = None,
                        count: float | None = None, into: dict | None = None, add: bool = False,
-                       defer: bool = False) -> tuple[float, dict[str, np.ndarray], dict]:
+                       defer: bool = False, ahead: tuple | None = None) -> tuple[float, dict[str, np.ndarray], dict]:
         """(unscaled loss, gradients × loss_scale by weight name, stats).
 
         The loss is the sum of the cross-entropies of the counted targets (y not `ops.IGNORE`)
@@ -151,7 +151,9 @@ class DeviceTrainStep(StepHead):
         False) or added to, the dW products by the GEMM itself (`gemm.dw_into`); they are
         the gradients returned. `defer` (with `into`, a micro-batch before the last): return
         with the dW products still running on the worker, beside the next call's forward; the
-        next call waits for them (the Llama family's step: its dW and embedding write `into`)."""
+        next call waits for them (the Llama family's step: its dW and embedding write `into`).
+        `ahead` (x, y, positions) of the next call, where `head_runs_ahead`: its forward runs while
+        the GPU computes this call's head, and that call starts from it."""
         t0 = time.perf_counter()
         pending, self._deferred = self._deferred, []
         defer = defer and into is not None and sink is None and self._can_defer
@@ -163,8 +165,9 @@ class DeviceTrainStep(StepHead):
         jobs: dict[str, Job] = {}
         with np.errstate(all="ignore"):  # inf/NaN under a too-large scale is a result, not an error
             with all_blas_threads() if self._wide and not pending else nullcontext():  # nor a dW job beside it
-                xl, caches = self._forward(ids, keep=True)
-                loss, dy, grads, head_dw = self._loss_head(xl, targets, float(loss_scale))
+                xl, caches = self._take_ahead(x) or self._forward(ids, keep=True)
+                beside = {"beside": lambda: self._run_ahead(*ahead)} if ahead and self.head_runs_ahead else {}
+                loss, dy, grads, head_dw = self._loss_head(xl, targets, float(loss_scale), **beside)
             head = self._head_name()
             if head_dw is not None:
                 jobs[head] = self._pool.submit(head_dw)
@@ -205,8 +208,7 @@ class DeviceTrainStep(StepHead):
     def close(self) -> None:
         self._pool.close()
         self.bank.close()
-        if self._dhead is not None and hasattr(self._dhead, "close"):
-            self._dhead.close()
+        self._close_ends()
         if self._blas is not None:
             self._blas.restore_original_limits()
             self._blas = None

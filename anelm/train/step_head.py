@@ -6,6 +6,8 @@ the embedding runs (`embed_on`: "cpu", or "gpu", `head_torch.TorchEmbedding`). A
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from ..errors import UsageError
@@ -15,6 +17,8 @@ from .head_torch import TorchEmbedding, TorchHead, gpu_device
 
 HEAD_PLACES = ("cpu", "ane", "gpu")  # what a step runs; `auto` is resolved before (placement.py)
 EMBED_PLACES = ("cpu", "gpu")
+# what `_begin` sets for one batch, kept aside while the next batch's forward runs ahead
+BATCH_STATE = ("_cos", "_sin", "_attn_masks", "_batch", "_count")
 
 
 class StepHead:
@@ -33,7 +37,38 @@ class StepHead:
             self._dhead = TorchHead(gpu_device())
         if embed_on == "gpu":
             self._tembed = TorchEmbedding(gpu_device())
+        self._ahead, self._head_pool = None, None  # the next batch's forward, run beside the GPU's head
         self._restage_ends()
+
+    @property
+    def head_runs_ahead(self) -> bool:
+        """Whether `loss_and_grads(ahead=...)` runs the next micro-batch's forward while the head
+        runs: the GPU's head only (the ANE's tiles need the device the forward needs; the CPU's
+        would take the cores the forward's and dW's work use), with the step's own head."""
+        return self.head_on == "gpu" and type(self)._loss_head is StepHead._loss_head
+
+    def _run_ahead(self, x: np.ndarray, y: np.ndarray, positions=None) -> None:
+        """The forward of the batch the next `loss_and_grads` gets (`x`, by identity), kept for
+        it; this call's batch state restored, its stats holding the forward's time and work."""
+        kept = {k: getattr(self, k) for k in (*BATCH_STATE, "_t", "_flops")}
+        self._begin(x, y, positions)
+        self._ahead = (x, self._forward(np.asarray(x), keep=True))
+        t, flops = self._t, self._flops
+        for k, v in kept.items():
+            setattr(self, k, v)
+        self._t, self._flops = {k: v + t[k] for k, v in kept["_t"].items()}, kept["_flops"] + flops
+
+    def _take_ahead(self, x: np.ndarray):
+        """(xl, caches) of `x` if the previous call ran its forward ahead, else None."""
+        ahead, self._ahead = self._ahead, None
+        return ahead[1] if ahead is not None and ahead[0] is x else None
+
+    def _close_ends(self) -> None:
+        if self._dhead is not None and hasattr(self._dhead, "close"):
+            self._dhead.close()
+        if self._head_pool is not None:
+            self._head_pool.shutdown()
+            self._head_pool = None
 
     def _restage_ends(self) -> None:
         """The weights the head and the embedding hold where they run away from the CPU's arrays."""
@@ -44,12 +79,16 @@ class StepHead:
 
     def _head_loss(self, head: np.ndarray, xf: np.ndarray, targets: np.ndarray, scale: float):
         """(loss, dxf, a call giving the classifier's dW or None) where the head runs."""
+        return self._head_call(head, xf, targets, scale)()
+
+    def _head_call(self, head: np.ndarray, xf: np.ndarray, targets: np.ndarray, scale: float):
+        """`_head_loss` as a call with this batch's state bound, to run on another thread."""
         name = self._head_name()
-        keep, out = self._keep(name), self._out(name)
+        keep, out, count, add = self._keep(name), self._out(name), self._count, self._add
         if self._dhead is None:
-            return ops.head_loss(head, xf, targets, scale, keep, self._count, out=out, add=self._add)
+            return lambda: ops.head_loss(head, xf, targets, scale, keep, count, out=out, add=add)
         self._flops += getattr(self._dhead, "flops", 0) * self._batch  # the ANE's tiles; not the GPU's
-        return self._dhead.loss_and_grads(head, xf, targets, scale, self._count, keep, out, self._add)
+        return lambda: self._dhead.loss_and_grads(head, xf, targets, scale, count, keep, out, add)
 
     def _head_name(self) -> str:
         """The classifier's weight: the head, or the embedding when the two are tied."""
@@ -66,12 +105,20 @@ class StepHead:
         xf = ops.rmsnorm_fwd(xl, self._final_gain(), self.cfg.rms_norm_eps)[0]
         return ops.classifier_fwd(self._head(), xf)
 
-    def _loss_head(self, xl: np.ndarray, targets: np.ndarray, scale: float):
+    def _loss_head(self, xl: np.ndarray, targets: np.ndarray, scale: float, beside=None):
         """Final norm, classifier, loss: (loss, dy into the last layer, {norm grad}, a call giving
-        the classifier's dW, or None when its gradient is not kept: `ops.head_loss`)."""
+        the classifier's dW, or None when its gradient is not kept: `ops.head_loss`). `beside`:
+        a call run on this thread while the head runs on the head's own (`head_runs_ahead`)."""
         wn, head = self._final_gain(), self._head()
         xf, rf = ops.rmsnorm_fwd(xl, wn, self.cfg.rms_norm_eps)
-        loss, dxf, head_dw = self._head_loss(head, xf, targets, scale)
+        if beside is None:
+            loss, dxf, head_dw = self._head_loss(head, xf, targets, scale)
+        else:
+            if self._head_pool is None:
+                self._head_pool = ThreadPoolExecutor(1, thread_name_prefix="anelm-head")
+            job = self._head_pool.submit(self._head_call(head, xf, targets, scale))
+            beside()
+            loss, dxf, head_dw = job.result()
         dy, dwn = ops.rmsnorm_bwd(dxf, xl, wn, rf)
         return loss, dy, {self.final_norm: dwn}, head_dw
 

@@ -107,6 +107,37 @@ def test_step_with_the_ends_on_the_torch_device_is_the_cpu_step(gpu_is_cpu, tied
             assert rel(grads[n], g) <= (1e-4 if n in ("lm_head.weight", "model.norm.weight") else 5e-3), (key, n)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_next_forward_beside_the_gpu_head_changes_nothing(gpu_is_cpu, packed):
+    """`loss_and_grads(ahead=)`: the next micro-batch's forward runs while the head runs, and
+    the next call starts from it. Weights do not change within a step, so the losses and the
+    accumulated gradients are those of the calls one after another, bit for bit."""
+    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    w = init_weights(cfg, seed=3)
+    rng = np.random.default_rng(5)
+    batches = [(rng.integers(0, 300, (2, 16)), rng.integers(0, 300, (2, 16))) for _ in range(3)]
+    pos = [np.tile(np.r_[np.arange(6), np.arange(10)], (2, 1)) if packed else None for _ in batches]
+    runs = {}
+    for ahead in (False, True):
+        with DeviceTrainStep(cfg, w, Emulator(STRICT), seq_len=16, head_on="gpu", packed=packed) as step:
+            assert step.head_runs_ahead
+            forwards, plain = [], step._forward
+            step._forward = lambda ids, keep: (forwards.append(ids.shape), plain(ids, keep))[1]
+            acc = {n: np.zeros_like(p) for n, p in w.items()}
+            losses, seen = [], []
+            for k, (x, y) in enumerate(batches):
+                nxt = (*batches[k + 1], pos[k + 1]) if ahead and k + 1 < len(batches) else None
+                losses.append(step.loss_and_grads(x, y, 256.0, into=acc, add=k > 0, ahead=nxt,
+                                                  **({"positions": pos[k]} if packed else {}))[0])
+                seen.append(len(forwards))
+            runs[ahead] = losses, acc, seen
+    assert runs[True][0] == runs[False][0]
+    assert runs[False][2] == [1, 2, 3] and runs[True][2] == [2, 3, 3]  # each next forward ran ahead, once
+    for n, g in runs[False][1].items():
+        assert np.array_equal(runs[True][1][n], g), n
+
+
 def test_lora_step_with_the_head_on_the_torch_device(gpu_is_cpu):
     from anelm.models.adapters import LoraSpec, init_adapter
     from anelm.train.lora_step import adapter_params, lora_train_step
