@@ -14,7 +14,7 @@ from pathlib import Path
 from lark import Lark, Token, Transformer, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from ..errors import MILSyntaxError
-from .parser import (_SCALAR_PARTS, _STRING, _VERSION, _Fail, _blob_ref, _dtype, _fail_at, _scalar_literal,
+from .literals import (_SCALAR_PARTS, _STRING, _VERSION, _Fail, _blob_ref, _dtype, _fail_at, _scalar_literal,
                      _tensor_literal, _tensor_type, _unquote)
 from .program import Function, Program, Statement, TensorType, Var
 

@@ -160,11 +160,6 @@ class Program:
     build_info: list[tuple[str, str]] | None = None
     functions: dict[str, Function] = field(default_factory=dict)
 
-    def __str__(self) -> str:
-        from .text import print_program  # lazy: the printer imports this module
-
-        return print_program(self)
-
     @property
     def main(self) -> Function:
         if "main" in self.functions:

@@ -112,7 +112,7 @@ def format_function(fn: Function) -> list[str]:
 
 
 def print_program(prog: Program) -> str:
-    """The MIL text of `prog`, newline-terminated; `str(prog)` gives the same."""
+    """The MIL text of `prog`, newline-terminated."""
     lines = [f"program({prog.version})"]
     if prog.build_info is not None:
         pairs = ", ".join(f"{{{quote(k)}, {quote(v)}}}" for k, v in prog.build_info)

@@ -11,6 +11,7 @@ from anelm.compiler.registry import run_pass
 from anelm.device.emulator import Emulator
 from anelm.errors import CompileError
 from anelm.ir.builder import GraphBuilder
+from anelm.mil.text import print_program
 
 PEER = STRICT.replace(reject_reduce_mean=True, reject_rsqrt=True, spatial_multiple_of=16)
 
@@ -43,7 +44,7 @@ def test_compiler_and_emulator_reject_with_the_same_message(rule):
     graph = CASES[rule]()
     from_compiler = _message(lambda: run_pass("ane_validate", graph, PEER))
     program, weights = emit(graph)
-    from_emulator = _message(lambda: Emulator(PEER).compile(str(program), weights))
+    from_emulator = _message(lambda: Emulator(PEER).compile(print_program(program), weights))
     assert from_compiler == from_emulator
     # the message is the table's: its fixed words are in it
     fixed = RULES[rule].constraint.split("{")[0]

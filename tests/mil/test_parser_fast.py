@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from anelm.compiler.pipeline import compile_graph
-from anelm.mil import parser as mil_parser
+from anelm.mil import literals as mil_parser
 from anelm.mil.parser_grammar import parse_with_grammar
 from anelm.mil.parser_fast import NotFast, read_program
 from anelm.mil.program import Literal
@@ -75,7 +75,7 @@ def same(a, b, where="program") -> None:
 
 
 def fast(text: str):
-    return read_program(text, mil_parser._FAST)
+    return read_program(text, mil_parser.FAST)
 
 
 @pytest.mark.parametrize("text", DIALECTS, ids=["coremlc-dialect", "constructs"])
