@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ..mil.program import NUMPY_DTYPES, TensorType
-from .ops import REQUIRED, define
+from .op_table import REQUIRED, define
 from .ops_common import bad, broadcast, dims, need_float, same_dtype, tensor
 
 # ----------------------------------------------------------------------------- const

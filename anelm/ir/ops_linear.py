@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .ops import define
+from .op_table import define
 from .ops_common import FLOATS, as_list, bad, broadcast, dims, need_float, same_dtype, tensor
 
 # ----------------------------------------------------------------------------- conv

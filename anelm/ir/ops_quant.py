@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..mil.program import NUMPY_DTYPES, TensorType
-from .ops import REQUIRED, define
+from .op_table import REQUIRED, define
 from .ops_common import FLOATS, along_axis, axis_of, bad, check_axis_param, need_float
 
 QUANT_DTYPES = ("int8", "uint8")

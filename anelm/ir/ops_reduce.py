@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops import define
+from .op_table import define
 from .ops_common import axes_of, axis_of, bad, dims, need_float, tensor
 
 # ----------------------------------------------------------------------------- reduce_*

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ..mil.program import TensorType
-from .ops import REQUIRED, define
+from .op_table import REQUIRED, define
 from .ops_common import as_list, axis_of, bad, dims, tensor
 
 # ----------------------------------------------------------------------------- reshape
