@@ -19,15 +19,11 @@ import numpy as np
 
 from ..models.layers import layer_inv_freqs
 from .device_plan import DeviceCache, _close_requests
-from .pipeline import DeviceRunner
 
 
-def runner_class(config: Any) -> type:
-    """The device runner class of `config`: this module's where RoPE is LongRoPE."""
-    return LongRopeRunner if getattr(config, "rope_type", None) == "longrope" else DeviceRunner
+class LongRope:
+    """A mixin of the device runner: `pipeline.LongRopeRunner` puts it before `DeviceRunner`."""
 
-
-class LongRopeRunner(DeviceRunner):
     def __init__(self, config: Any, *args, **kw):
         super().__init__(config, *args, **kw)
         long = config.at_length(self.plan.context)

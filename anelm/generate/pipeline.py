@@ -75,6 +75,7 @@ from ..runtime.kernel import Kernel
 from .device_passes import DevicePasses, chunk_width
 from .device_plan import (MAX_CONTEXT, DeviceCache, choose_bucket, decode_groups, evaluation_seconds, plan_sizes,
                           resume_pays, ring_size, serving_buckets)
+from .longrope import LongRope
 from .program_store import LayerBlobs, digest, find_or_build, program_store, recipe_key
 
 
@@ -92,8 +93,8 @@ def build_runner(config: Any, weights: dict[str, np.ndarray], device: str | Devi
     it has converted from it as it goes (each layer's matrices once they are fp16), so it is not held twice.
     """
     dev = device if isinstance(device, Device) else get_device(device, profile)
-    from .longrope import runner_class  # LongRoPE's runner switches its tables per sequence (Phi-3)
-    return runner_class(config)(config, weights, dev, max_context, adapter, lora_rank, lora_targets, consume)
+    cls = LongRopeRunner if getattr(config, "rope_type", None) == "longrope" else DeviceRunner
+    return cls(config, weights, dev, max_context, adapter, lora_rank, lora_targets, consume)
 
 
 def calibration_ids(config: Any, n: int = 16) -> list[int]:
@@ -339,6 +340,10 @@ class DeviceRunner(DevicePasses):
         if id(inv) not in self._rope_digests:
             self._rope_digests[id(inv)] = f"{inv.dtype.str}:{digest(np.ascontiguousarray(inv))}"
         return self._rope_digests[id(inv)]
+
+
+class LongRopeRunner(LongRope, DeviceRunner):
+    """The device runner of a LongRoPE model (Phi-3): its RoPE tables per sequence (`longrope`)."""
 
 
 def _half(w):
