@@ -27,8 +27,9 @@ from ..models.adapters import LoraSpec, check_spec, init_adapter, resolve_target
 from ..models.quantized import refuse_quantized
 from .errors import TrainError
 from .init import load_pretrained
-from .lora_step import adapter_params, lora_train_step, adapter_shapes, params_adapter
+from .lora_step import adapter_params, adapter_shapes, params_adapter
 from .run import SETTINGS_KEY, RunSetup, Trains, prepare, read_json, write_json
+from .steps import lora_train_step
 
 FINETUNE_KEY = "anelm_finetune"
 ADAPTER_DIR = "adapter"

@@ -83,13 +83,6 @@ def params_adapter(params: dict[str, np.ndarray], spec: LoraSpec, config) -> Ada
                    fused_parts(config))
 
 
-def lora_train_step(config, weights: dict[str, np.ndarray], device, **kw) -> "LoraHooks":
-    """The LoRA step for the base's architecture (keywords as `LoraHooks`)."""
-    from .steps import step_class
-
-    return step_class(config, lora=True)(config, weights, device, **kw)
-
-
 class LoraHooks:
     """The LoRA half of a step (module doc), over a full step class that it follows in the MRO."""
 

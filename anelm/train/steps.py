@@ -6,15 +6,14 @@ from __future__ import annotations
 from functools import cache
 
 from ..kernels.families import family_for
+from .lora_step import GemmaLoraTrainStep, GPT2LoraTrainStep, LoraTrainStep
+from .step import DeviceTrainStep
+from .step_gemma import GemmaTrainStep
+from .step_gpt2 import GPT2TrainStep
 
 
 def step_class(config, lora: bool = False) -> type:
     """The step class for `config`'s family: the full step, or with `lora` its LoRA step."""
-    from .lora_step import GemmaLoraTrainStep, GPT2LoraTrainStep, LoraTrainStep
-    from .step import DeviceTrainStep
-    from .step_gemma import GemmaTrainStep
-    from .step_gpt2 import GPT2TrainStep
-
     steps = {"llama": (DeviceTrainStep, LoraTrainStep), "gpt2": (GPT2TrainStep, GPT2LoraTrainStep),
              "gemma": (GemmaTrainStep, GemmaLoraTrainStep)}
     return _at_length(steps[family_for(config.model_type).name][int(lora)])
@@ -30,3 +29,8 @@ def _at_length(cls: type) -> type:
 
     Step.__name__ = Step.__qualname__ = cls.__name__
     return Step
+
+
+def lora_train_step(config, weights, device, **kw) -> LoraTrainStep:
+    """The LoRA step for the base's architecture (keywords as `lora_step.LoraHooks`)."""
+    return step_class(config, lora=True)(config, weights, device, **kw)

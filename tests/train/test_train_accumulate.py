@@ -84,7 +84,8 @@ def test_chunked_head_accumulates_into_its_buffer(monkeypatch):
 
 def test_lora_step_accumulates_its_adapter_gradients():
     from anelm.models.adapters import LoraSpec, init_adapter
-    from anelm.train.lora_step import adapter_params, lora_train_step
+    from anelm.train.lora_step import adapter_params
+    from anelm.train.steps import lora_train_step
 
     cfg = config(True)
     spec = LoraSpec(4, 8.0, 0.0, ("q_proj", "v_proj"))

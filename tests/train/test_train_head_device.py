@@ -132,7 +132,8 @@ def test_training_with_the_head_on_the_device_logs_the_cpu_heads_losses_and_resu
 
 def test_lora_step_with_the_head_on_the_device():
     from anelm.models.adapters import LoraSpec, init_adapter
-    from anelm.train.lora_step import adapter_params, lora_train_step
+    from anelm.train.lora_step import adapter_params
+    from anelm.train.steps import lora_train_step
 
     cfg = LlamaConfig(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=4, head_dim=8, max_position_embeddings=64)

@@ -31,7 +31,7 @@ from anelm.device.emulator import Emulator
 from anelm.models.adapters import LoraSpec
 from anelm.models.config import config_from_dict
 from anelm.models.loading import architecture
-from anelm.train.lora_step import lora_train_step
+from anelm.train.steps import lora_train_step
 
 from helpers import GRAD_COSINE, GRAD_TOL, rel_err
 

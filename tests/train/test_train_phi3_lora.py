@@ -29,7 +29,7 @@ from anelm.device.emulator import Emulator
 from anelm.models.adapters import LoraSpec, load_peft
 from anelm.models.config import config_from_dict
 from anelm.models.loading import architecture, build_model, load_model
-from anelm.train.lora_step import lora_train_step
+from anelm.train.steps import lora_train_step
 
 peft = pytest.importorskip("peft")
 transformers = hf_tiny.transformers
