@@ -24,7 +24,8 @@ from .llama2c import read_llama2c
 from .quantized import QuantizedWeights, quant_config, scheme_of, unpack
 from .registry import module
 from .safetensors_io import SafetensorsError, read_safetensors
-from .tokenizer import Tokenizer, find_tokenizer, load_tokenizer
+from .tokenizer import find_tokenizer, load_tokenizer
+from .tokenizer_base import Tokenizer
 
 KINDS = "an HF folder, a RUN folder, a quantized folder, a llama2.c .bin or a .gguf file"
 STEP_FILE = re.compile(r"step-(\d+)\.safetensors")

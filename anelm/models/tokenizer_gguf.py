@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import TokenizerError
-from .tokenizer import HFTokenizer
+from .tokenizer_base import HFTokenizer
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
 META = "\u2581"  # SentencePiece's visible space

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TokenizerError
-from .tokenizer import Tokenizer, copy_file
+from .tokenizer_base import Tokenizer, copy_file
 
 BYTE_PIECE = re.compile(rb"<0x([0-9A-Fa-f]{2})>")
 META = "\u2581"  # SentencePiece's visible space

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from anelm.models.tokenizer import Tokenizer
+from anelm.models.tokenizer_base import Tokenizer
 from anelm.train.data import unigram_entropy
 from anelm.train.errors import DataError
 from anelm.train.cpu_ops import IGNORE
