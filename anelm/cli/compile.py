@@ -51,7 +51,7 @@ def layer_config(args):
     """The model config the flags describe, under HF's field names for every architecture
     (its `from_dict` keeps its own); its checks give the errors."""
     from ..kernels.families import family_for
-    from ..models.config import config_class
+    from ..models.registry import config_class
 
     if not family_for(args.arch).rotary and (args.kv_heads not in (None, args.heads) or args.head_dim is not None):
         raise AnelmError(f"{args.arch} has one KV head per query head and head dim = dim / heads; "

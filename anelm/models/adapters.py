@@ -26,7 +26,7 @@ from ..errors import UsageError
 from .errors import AdapterError
 from .names import (DEFAULT_TARGETS, PROJECTIONS, layer_modules, layer_prefix, lora_module, module_name, target_names,
                     target_roles, weight_name)
-from .registry import arch, module
+from .registry import arch, architecture, module
 
 ALL_LINEAR = "all-linear"
 
@@ -82,7 +82,6 @@ def target_modules(config, targets: tuple[str, ...]) -> dict[str, tuple[int, str
 def projection_shape(config, part: str) -> tuple[int, int]:
     """(out, in) of a layer's projection `part` (a role, or a fused module's: its rows added up),
     in our [out, in] orientation."""
-    from .loading import architecture  # every layer of a base has the same projection shapes
 
     mt = config.model_type
     shapes = architecture(mt).expected_shapes(config)
@@ -211,7 +210,5 @@ def merge_weights(weights: dict[str, np.ndarray], adapter: Adapter) -> dict[str,
     return out
 
 
-from .adapters_peft import load_peft, save_peft  # noqa: E402  (the PEFT files; they need Adapter)
-
-__all__ = ["ALL_LINEAR", "Adapter", "LoraSpec", "check_fits", "check_spec", "fused_parts", "init_adapter", "load_peft",
-           "lora_parts", "merge_weights", "projection_shape", "resolve_targets", "save_peft", "target_modules"]
+__all__ = ["ALL_LINEAR", "Adapter", "LoraSpec", "check_fits", "check_spec", "fused_parts", "init_adapter",
+           "lora_parts", "merge_weights", "projection_shape", "resolve_targets", "target_modules"]

@@ -326,22 +326,13 @@ def layer_window(c: LlamaConfig, index: int) -> int | None:
     return c.sliding_window if on else None
 
 
-def config_class(model_type: Any, source: str = "config") -> type:
-    """The config class of HF `model_type` (its architecture's, `registry.py`)."""
-    from .registry import MODEL_TYPES, module, resolve
-
-    found = resolve(model_type)
-    if found is None:
-        raise ConfigError(f"unsupported model_type {model_type!r} in {source}: "
-                          f"expected one of {', '.join(sorted(MODEL_TYPES))}")
-    return module(found).Config
-
-
 def config_from_dict(d: dict[str, Any], source: str = "config", complete: bool = False) -> ModelConfig:
     """The config for `d["model_type"]`; unknown keys (training args, HF extras) are ignored.
     `complete`: `d` is a model's own config.json, so it must state every one of `shape_keys`."""
     if not isinstance(d, dict):
         raise ConfigError(f"{source}: expected a JSON object, got {type(d).__name__}")
+    from .registry import config_class  # the registry imports the architectures, which import this
+
     cls = config_class(d.get("model_type"), source)
     inner = d["text_config"] if isinstance(d.get("text_config"), dict) else d  # a multimodal folder's text model
     missing = [k for k in cls.shape_keys if k not in inner] if complete else []

@@ -33,8 +33,7 @@ UNKNOWN_TYPE = re.compile(r"(\d+)\)? is not a valid GGMLQuantizationType")  # "n
 
 def read_gguf(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray], Any]:
     """(config, float32 weights in the HF checkpoint's names and layout, tokenizer)."""
-    from .loading import architecture
-    from .registry import gguf_architectures, model_type_of_gguf
+    from .registry import architecture, gguf_architectures, model_type_of_gguf
     from .tokenizer_gguf import tokenizer_from_gguf
 
     path = Path(path)
@@ -135,8 +134,7 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, Any], path: Path) 
     vocab = int(np.prod(tensors["token_embd.weight"].shape) // get("embedding_length"))
     tied = "output.weight" not in tensors  # llama.cpp writes no output tensor for a tied head
     ids = {k: meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "padding")}
-    from .loading import architecture
-    from .registry import model_type_of_gguf
+    from .registry import architecture, model_type_of_gguf
 
     model_type = model_type_of_gguf(arch, meta)
     module = architecture(model_type)

@@ -13,28 +13,21 @@ import json
 import os
 import re
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
 from .base import CausalLM, check_weights
-from .config import ModelConfig, config_class, config_from_dict
+from .config import ModelConfig, config_from_dict
 from .errors import LoadError
 from .llama2c import read_llama2c
 from .quantized import QuantizedWeights, quant_config, scheme_of, unpack
-from .registry import module
+from .registry import architecture
 from .safetensors_io import SafetensorsError, read_safetensors
 from .tokenizer import find_tokenizer, load_tokenizer
 from .tokenizer_base import Tokenizer
 
 KINDS = "an HF folder, a RUN folder, a quantized folder, a llama2.c .bin or a .gguf file"
 STEP_FILE = re.compile(r"step-(\d+)\.safetensors")
-
-
-def architecture(model_type: str) -> ModuleType:
-    """The module that implements `model_type`: exports Config, Model, sanitize, expected_shapes."""
-    config_class(model_type)  # one-line error for a type we do not support
-    return module(model_type)
 
 
 def build_model(config: ModelConfig, weights: dict[str, np.ndarray]) -> CausalLM:

@@ -16,7 +16,9 @@ import importlib
 from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType, ModuleType
-from typing import Mapping
+from typing import Any, Mapping
+
+from .errors import ConfigError
 
 MODEL_TYPES = ("gpt2", "llama", "qwen3", "gemma3_text", "qwen2", "mistral", "smollm3", "phi3")
 
@@ -67,6 +69,21 @@ def arch(model_type: str) -> Architecture:
 def resolve(model_type: object) -> str | None:
     """The architecture that reads HF `model_type` (itself, or the one it is an alias of)."""
     return next((t for t in MODEL_TYPES if model_type == t or model_type in arch(t).aliases), None)
+
+
+def config_class(model_type: Any, source: str = "config") -> type:
+    """The config class of HF `model_type` (its architecture's)."""
+    found = resolve(model_type)
+    if found is None:
+        raise ConfigError(f"unsupported model_type {model_type!r} in {source}: "
+                          f"expected one of {', '.join(sorted(MODEL_TYPES))}")
+    return module(found).Config
+
+
+def architecture(model_type: str) -> ModuleType:
+    """The module that implements `model_type`: exports Config, Model, sanitize, expected_shapes."""
+    config_class(model_type)  # one-line error for a type we do not support
+    return module(model_type)
 
 
 def gguf_architectures() -> tuple[str, ...]:

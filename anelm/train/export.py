@@ -70,7 +70,8 @@ def export_run(run: str | Path, out: str | Path, merge: bool = False,
 
 def export_adapter(run: Path, out: Path, merge: bool, base: str | Path | None) -> Path:
     """A finetune RUN's adapter as a PEFT folder, or (`merge`) folded into its base as an HF folder."""
-    from ..models.adapters import load_peft, merge_weights, save_peft
+    from ..models.adapters import merge_weights
+    from ..models.adapters_peft import load_peft, save_peft
     from ..models.loading import load_model, read_config
 
     if not merge:
@@ -118,7 +119,7 @@ def _check_destination(out: Path) -> None:
 def write_folder(d: Path, config, weights: dict[str, np.ndarray], run: Path | None = None,
                   tokenizer=None) -> None:
     """The folder's files: the tokenizer files copied from `run`, or written by `tokenizer`."""
-    from ..models.loading import architecture
+    from ..models.registry import architecture
     from ..models.safetensors_io import save_safetensors
 
     cfg = {**config.to_dict(), "torch_dtype": "float32"}

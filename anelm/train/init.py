@@ -39,7 +39,7 @@ def model_config(cfg: dict):
 
 def weight_shapes(config) -> dict[str, tuple[int, ...]]:
     """HF name → shape of every weight, in data-flow order (the architecture's own list)."""
-    from ..models.loading import architecture
+    from ..models.registry import architecture
 
     return architecture(config.model_type).expected_shapes(config)
 

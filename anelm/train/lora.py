@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
-from ..models.adapters import LoraSpec, check_spec, init_adapter, resolve_targets, save_peft
+from ..models.adapters import LoraSpec, check_spec, init_adapter, resolve_targets
+from ..models.adapters_peft import save_peft
 from ..models.quantized import refuse_quantized
 from .errors import TrainError
 from .init import load_pretrained

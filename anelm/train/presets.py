@@ -67,7 +67,7 @@ def hf_weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     """Every weight's HF name and shape (PyTorch orientation `[out, in]`) for a Llama or Qwen3
     config dict: the model definition's own list (`anelm.models.<type>.expected_shapes`)."""
     from ..models.config import config_from_dict
-    from ..models.loading import architecture
+    from ..models.registry import architecture
 
     config = config_from_dict(dict(cfg), "preset")
     return architecture(config.model_type).expected_shapes(config)

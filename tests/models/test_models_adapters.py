@@ -10,8 +10,8 @@ from hf_tiny import make_hf
 from lora_tiny import make_peft, peft, peft_tensors, torch
 
 from anelm.errors import AnelmError, UsageError
-from anelm.models.adapters import (Adapter, LoraSpec, check_spec, init_adapter, load_peft, merge_weights,
-                                   resolve_targets, save_peft)
+from anelm.models.adapters import Adapter, LoraSpec, check_spec, init_adapter, merge_weights, resolve_targets
+from anelm.models.adapters_peft import load_peft, save_peft
 from anelm.models.errors import AdapterError
 from anelm.models.loading import architecture, load_model
 

@@ -15,7 +15,8 @@ from anelm.chip.profile import STRICT
 from anelm.cli.main import main
 from anelm.device.emulator import Emulator
 from anelm.generate.pipeline import build_runner
-from anelm.models.adapters import load_peft, merge_weights, save_peft
+from anelm.models.adapters import merge_weights
+from anelm.models.adapters_peft import load_peft, save_peft
 from anelm.models.config import config_from_dict
 from anelm.models.loading import build_model, load_model
 from anelm.models.phi3 import sanitize, unsanitize
