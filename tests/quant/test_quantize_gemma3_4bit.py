@@ -1,0 +1,163 @@
+"""W4 and LUT4 for Gemma 3 (CONTRACTS §10), on the emulator under `strict`.
+
+What Gemma changes for 4-bit weights (test_quantize_gemma3.py's module doc has it for int8): the
+norm gains 1 + w go on the linears' inputs, not into the 4-bit blocks or tables; the post-norms
+stay elementwise, carrying the stream scale; o and down feed the post-norms.
+
+* A tiny random Gemma 3 through `anelm quantize` (W4 in blocks of 16, LUT4 at its defaults):
+  the device's logits against the CPU reference on the folder's dequantized weights, CONTRACTS
+  §6's 3e-2 for a whole tiny model's logits (measured: W4 7.4e-3, LUT4 3.8e-3), the programs
+  carrying the folder's 4-bit data. So the device runs Gemma's 4-bit folders as their weights say.
+* Gemma 3 270M (Q4_K_M GGUF, the test extras), the W8 test's text and windows: the first 256
+  tokens of the Apache license calibrate (LUT4's k-means weights), BOS and the next 255 are
+  scored, one 256-token window, which fills its prefill bucket. Measured: source 16.947, W4
+  (blocks of 32) 19.490 = x1.150, LUT4 18.614 = x1.098; folders 274.5 MB (W4) and 283.7 MB
+  (LUT4) against 536.2 MB of fp16 weights: 51 % and 53 %; nothing overflows fp16.
+  The criteria SmolLM2 meets (W4 within 3 %, LUT4 within 5 %, the W4 folder under 40 %) do not
+  hold here: they are expected failures (strict: one that starts to pass says so), the reasons
+  in their marks, and the measured ratios are held as upper bounds meanwhile. SmolLM2's GGUF is
+  Q4_1, whose blocks W4 takes as they are; this one's linears are Q5_0, Q8_0, Q4_K and Q6_K,
+  requantized. Over 1024 tokens (float32 CPU reference) min..max blocks measure x1.259, and
+  blocks fitted on the calibration's input moments (quant/w4.py's fit_blocks) x1.051, x1.029 in
+  blocks of 16; `build_w4` does not pass the moments yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+import hf_tiny  # noqa: E402
+from helpers import device_against_cpu  # noqa: E402
+from real_models import SHARED  # noqa: E402
+
+from anelm.cli.main import main  # noqa: E402
+from anelm.device.overflow import reset_overflow_warnings  # noqa: E402
+from anelm.generate.perplexity import perplexity  # noqa: E402
+from anelm.generate.pipeline import build_runner  # noqa: E402
+from anelm.models.loading import load_model  # noqa: E402
+from anelm.quant.command import build_folder, device_bytes, split_text  # noqa: E402
+
+SEQ = 256  # calibration and the scored window; a prefill bucket of the 256-context plan
+LIMITS = {"w4": 0.03, "lut4": 0.05}  # |ratio - 1| against the unquantized model on the device
+MEASURED = {"w4": 1.150, "lut4": 1.098}  # the ratios as they are (module doc)
+CARRIES = {"w4": "data = tensor<uint4, [128, 64, 1, 1]>(BLOBFILE",  # tiny gate and up: 4-bit
+           "lut4": "indices = tensor<uint4, [128, 64, 1, 1]>(BLOBFILE"}
+
+
+# --- a tiny random Gemma 3 -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """{scheme: its folder} of a tiny random Gemma 3 with a word-level tokenizer."""
+    d = tmp_path_factory.mktemp("gemma3_4bit") / "model"
+    hf_tiny.make_word_model(d, kind="gemma3")
+    ids = np.random.default_rng(3).integers(3, 96, 300).tolist()
+    text = d.parent / "text.txt"
+    text.write_text(" ".join(hf_tiny.WORDS[i] for i in ids) + "\n", encoding="utf-8")
+    out = {}
+    for scheme, extra in (("w4", ["--block-size", "16"]), ("lut4", [])):
+        out[scheme] = d.parent / scheme
+        assert main(["quantize", "--model", str(d), "--out", str(out[scheme]), "--scheme", scheme, *extra,
+                     "--data", str(text), "--calib-tokens", "128", "--eval-tokens", "64", "--device", "emulator"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["w4", "lut4"])
+def test_tiny_logits_against_the_cpu_reference(tiny, scheme):
+    config, weights, _ = load_model(tiny[scheme])
+    assert config.model_type == "gemma3_text" and weights.quant.scheme == scheme
+    assert device_against_cpu(config, weights) <= 3e-2  # CONTRACTS §6, a whole tiny model's logits
+    runner = build_runner(config, weights, "emulator", max_context=32)
+    runner.prefill([5, 6, 7], runner.new_cache())
+    art = next(k for key, k in runner.kernels.items() if key[:2] == ("prefill", 0)).artifact
+    assert CARRIES[scheme] in art.mil_text and "tensor<fp16, [128, 64, 1, 1]>(BLOBFILE" not in art.mil_text
+
+
+def test_fitted_blocks_err_less_than_min_max(tiny):
+    """quant/w4.py's fit_blocks: on the tiny Gemma's linears, with its inputs' moments, each
+    linear's moment-weighted squared error is under min..max's; a Q4_1 grid comes back exactly."""
+    from anelm.models.quantized import linear_names, quantize_blocks
+    from anelm.quant.lut import input_moments
+    from anelm.quant.w4 import fit_blocks
+
+    config, weights, _ = load_model(tiny["w4"].parent / "model")
+    moments = input_moments(config, weights, np.random.default_rng(4).integers(3, 96, 64).tolist(), 64)
+    for n in linear_names(config):
+        w, a = weights[n + ".weight"], moments[n]
+        err = {f: float((a * (q.dense() - w) ** 2).sum()) for f, q in
+               (("fit", fit_blocks(w, 16, a)), ("minmax", quantize_blocks(w, 16)))}
+        assert err["fit"] < err["minmax"], (n, err)
+    rng = np.random.default_rng(6)
+    q = rng.integers(0, 16, (8, 64)).astype(np.float32)
+    q[:, ::16], q[:, 1::16] = 0, 15  # every block uses both ends
+    d = np.repeat((rng.uniform(1, 2, (8, 4)) * 2.0 ** -8).astype(np.float16).astype(np.float32), 16, axis=1)
+    m = np.repeat(-(rng.uniform(0, 8, (8, 4)) * 2.0 ** -8).astype(np.float16).astype(np.float32), 16, axis=1)
+    bq = fit_blocks(d * q + m, 16, rng.uniform(0.1, 2, 64))
+    assert np.array_equal(bq.data, q.astype(np.uint8))
+
+
+# --- Gemma 3 270M ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def scored(gemma, tmp_path_factory):
+    """({"source", "w4", "lut4": perplexity of the held-out window}, {scheme: folder bytes}, the
+    fp16 weights' bytes, what the device printed on stderr)."""
+    config, weights, tok = gemma
+    text = SHARED / "data" / "text" / "apache-2.0.txt"
+    if not text.is_file():
+        pytest.skip(f"{text} is absent: ../shared (external fixtures) is not part of a user's clone")
+    calib, held = split_text(tok, text.read_text(encoding="utf-8"), SEQ, SEQ)
+    assert held[0] == config.bos_token_id and len(held) == SEQ
+    reset_overflow_warnings()  # each kernel warns once per process: as a fresh process would
+    err, ppl, size = io.StringIO(), {}, {}
+    with contextlib.redirect_stderr(err):
+        runner = build_runner(config, dict(weights), "emulator", SEQ)
+        ppl["source"] = perplexity(runner, held, SEQ, False).ppl
+        runner.close()
+        for scheme in LIMITS:
+            folder, _, _ = build_folder(tmp_path_factory.mktemp("q") / scheme, config, weights, tok, scheme,
+                                        calib, SEQ, False)
+            size[scheme] = sum(f.stat().st_size for f in folder.iterdir())  # tokenizer included
+            qconfig, qweights, _ = load_model(folder)
+            runner = build_runner(qconfig, qweights, "emulator", SEQ)
+            ppl[scheme] = perplexity(runner, held, SEQ, False).ppl
+            runner.close()
+            shutil.rmtree(folder)
+    return ppl, size, device_bytes(weights), err.getvalue()
+
+
+W4_GAP = ("min..max blocks of 32 measure x1.150 here (Gemma's Q5_0/Q8_0/Q6_K linears requantized); "
+          "fitted on the calibration's input moments (quant/w4.py) x1.051 over 1024 tokens (x1.029 in blocks "
+          "of 16), once quant/command.py's build_w4 passes them to w4_blocks")
+LUT_GAP = "a table per row and 160 or 128 inputs measures x1.098 here"
+SIZE_GAP = ("the embedding (168M of 268M weights, tied) stays int8 blocks: 178 MB, 33 % of the fp16 weights "
+            "alone; with the 33 MB tokenizer the folder is 51 %")
+
+
+@pytest.mark.parametrize("scheme", [pytest.param("w4", marks=pytest.mark.xfail(strict=True, reason=W4_GAP)),
+                                    pytest.param("lut4", marks=pytest.mark.xfail(strict=True, reason=LUT_GAP))])
+def test_perplexity_within_the_limit(scored, scheme):
+    ppl = scored[0]
+    assert abs(ppl[scheme] / ppl["source"] - 1) <= LIMITS[scheme], ppl
+
+
+@pytest.mark.parametrize("scheme", list(LIMITS))
+def test_perplexity_as_measured(scored, scheme):
+    """Until the limits hold, no worse than measured (x1.150, x1.098; +0.01 for a change of
+    rounding): a Gemma path gone wrong (a gain w for 1 + w, a stream scale lost) is far worse."""
+    assert scored[0][scheme] / scored[0]["source"] <= MEASURED[scheme] + 0.01, scored[0]
+
+
+@pytest.mark.xfail(strict=True, reason=SIZE_GAP)
+def test_w4_folder_under_forty_percent_of_fp16(scored):
+    assert scored[1]["w4"] < 0.40 * scored[2], (scored[1], scored[2])
+
+
+def test_nothing_overflows_fp16(scored):
+    assert "fp16 overflow" not in scored[3], scored[3]  # CONTRACTS §8
