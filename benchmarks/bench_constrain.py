@@ -1,4 +1,4 @@
-"""Constrained-decoding libraries for `response_format` (issue 30) on SmolLM2's tokenizer.
+"""Constrained-decoding libraries for `response_format` (docs/serving.md) on SmolLM2's tokenizer.
 
 `anelm serve` masks, at each step, the tokens that cannot continue a valid JSON output. Three
 libraries do that from a JSON schema; each is timed here on the real SmolLM2-135M-Instruct

@@ -95,8 +95,9 @@ def test_vector_work_is_counted_by_class_and_charged_at_its_rate():
 
 
 def test_maderix_sdpa_forward_counts_its_attention_as_published():
-    """sdpaFwd of maderix-ane-facts §5.1: three projections, Q·Kᵀ and P·V, softmax over Hq·S·S
-    scores, outputs concatenated to 2Q + 2KV + D channels; a GQA tile adds a concat of K and V."""
+    """sdpaFwd of maderix/ANE's dynamic pipeline (training/training_dynamic/mil_dynamic.h): three
+    projections, Q·Kᵀ and P·V, softmax over Hq·S·S scores, outputs concatenated to 2Q + 2KV + D
+    channels; a GQA tile adds a concat of K and V."""
     from anelm.bench import maderix
 
     d, f, hq, hkv, hd, s = 64, 128, 4, 2, 16, 32

@@ -26,8 +26,9 @@ def _cost(kind):
 
 
 def test_static_programs_count_their_convs_and_outputs_as_published():
-    """maderix-ane-facts §5.5: fwdAttn has four D×D convs and six D outputs; ffnBwd three D×H
-    convs and runs the SiLU backward (one sigmoid per hidden element) on the device."""
+    """maderix/ANE's static pipeline (training/stories_mil.h): fwdAttn has four D×D convs and six D
+    outputs; ffnBwd three D×H convs and runs the SiLU backward (one sigmoid per hidden element) on
+    the device."""
     attn, art = _cost("fwdAttn")
     assert attn.flops["conv"] == 4 * 2 * D * D * S
     assert tuple(art.signature.outputs[0].shape) == (1, 6 * D, 1, S)
@@ -114,7 +115,7 @@ def test_each_transposing_copy_costs_its_conversion_and_one_more_pass():
 
 
 def test_scalar_cross_entropy_costs_what_maderix_measured_per_logit():
-    """110 ms for 32000 x 256 logits as scalar C, 14 ms with vDSP (maderix-ane-facts 10.1)."""
+    """110 ms for 32000 x 256 logits as scalar C, 14 ms with vDSP (the maderix README)."""
     m4, mx = get_chip("m4"), get_chip("m4-max")
     assert m4.cpu_scalar_ce_s * 32000 * 256 == pytest.approx(110e-3, rel=1e-4)
     assert mx.cpu_scalar_ce_s == m4.cpu_scalar_ce_s          # the same P-core

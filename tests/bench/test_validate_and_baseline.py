@@ -42,8 +42,9 @@ def test_end_to_end_figures_are_held_out(validated):
 
 
 def test_every_held_out_figure_the_model_misses_says_why(validated):
-    """The issue's bar is ±25 %; a figure outside it carries a note (in the data file, printed by
-    validate) naming what the model leaves out or which published figures disagree."""
+    """A held-out figure should land within ±25 % (docs/cost-model.md); a figure outside it carries
+    a note (in the data file, printed by validate) naming what the model leaves out or which
+    published figures disagree."""
     missed = [r for r in validated["figures"] if r["kind"] == "end_to_end" and abs(r["error"]) > 0.25]
     assert all(r["note"] for r in missed), [r["name"] for r in missed if not r["note"]]
     assert all(b["note"] for b in validated["breakdown_ranks"] if b["spearman"] < 1)
@@ -76,7 +77,7 @@ def test_baseline_is_direction_aware_with_per_metric_thresholds():
 
 
 def test_the_emulator_is_judged_on_its_cpu_time():
-    """Issue 28: the wall clock of a rerun moved 1.5-4.5x with the machine's load; the thread's
+    """The wall clock of a rerun moved 1.5-4.5x with the machine's load; the main thread's
     CPU time at most 1.76x. Twice the CPU time fails, and so does half the rate."""
     base = {"emulator_step_ms": 500.0, "emulator_cpu_step_ms": 200.0, "emulator_cpu_decode_tokens_per_s": 600.0}
     busy = {"emulator_step_ms": 2000.0, "emulator_cpu_step_ms": 360.0, "emulator_cpu_decode_tokens_per_s": 320.0}
@@ -92,8 +93,9 @@ def test_the_emulator_is_judged_on_its_cpu_time():
 
 @pytest.mark.parametrize("what", ["train", "generate"])
 def test_a_rerun_passes_its_fresh_baseline_and_a_3x_better_one_fails(tmp_path, what):
-    """The issue's check, in the suite's own busy conditions: three reruns against a fresh
-    baseline pass, and the same run against figures 3x better fails naming the CPU figures."""
+    """The `--baseline` check (docs/cost-model.md), in the suite's own busy conditions: three
+    reruns against a fresh baseline pass, and the same run against figures 3x better fails naming
+    the CPU figures."""
     f = tmp_path / "base.json"
     r = _anelm("bench", what, "--preset", "tiny", "--json", f"--save-baseline={f}")
     assert r.returncode == 0, r.stderr
