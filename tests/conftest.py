@@ -10,7 +10,7 @@ from real_models import gemma, gemma_gguf, gemma_hf, smollm, smollm_gguf, smollm
 
 
 def pytest_configure(config):
-    """The suite caches into a temporary folder, never ~/.cache or the package (CONTRACTS §1).
+    """The suite caches into a temporary folder, never ~/.cache or the package (docs/caching.md).
     Set before any test module imports anelm, which then points numba's cache under it; the
     `python -m anelm` subprocesses of the CLI tests inherit both."""
     os.environ["ANELM_CACHE_DIR"] = tempfile.mkdtemp(prefix="anelm-test-cache-")
@@ -35,5 +35,6 @@ def fresh_compile_count():
 @pytest.fixture
 def cold_compiles(monkeypatch):
     """The emulator's on-disk kernel cache off (ANELM_KERNEL_CACHE_MB=0), for tests about cold
-    compiles: with it on, a program an earlier test compiled is loaded, not compiled (§2.7)."""
+    compiles: with it on, a program an earlier test compiled is loaded, not compiled, and not
+    counted against the 115-compile budget."""
     monkeypatch.setenv("ANELM_KERNEL_CACHE_MB", "0")

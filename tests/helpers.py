@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
-# CONTRACTS §6 defaults, against an independent float32/float64 reference
+# docs/testing.md's default tolerances, against an independent float32/float64 reference
 ELEMENTWISE_TOL = 2e-3  # one elementwise op
 REDUCTION_TOL = 1e-2    # matmul, conv, reductions, softmax
 BLOCK_TOL = 2e-2        # a transformer block
@@ -29,14 +29,14 @@ TIE_MARGIN = 0.05       # greedy choices may differ where HF's top-2 margin is u
 
 
 def decisive(logits) -> bool:
-    """CONTRACTS §6's tie rule: HF's top-2 logit margin is at least TIE_MARGIN of max|logit|,
+    """docs/testing.md's tie rule: HF's top-2 logit margin is at least TIE_MARGIN of max|logit|,
     so a different choice there is a real disagreement."""
     top2 = np.sort(np.asarray(logits, np.float64))[-2:]
     return bool(top2[1] - top2[0] >= TIE_MARGIN * np.abs(logits).max())
 
 
 def rel_err(got, ref) -> float:
-    """CONTRACTS §6: max|got − ref| / max|ref|, in float64."""
+    """The error measure of docs/testing.md: max|got − ref| / max|ref|, in float64."""
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
 

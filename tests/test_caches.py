@@ -1,4 +1,4 @@
-"""The one cache folder (CONTRACTS §1): where it is, and that numba's compiled loops go there
+"""The one cache folder (docs/caching.md): where it is, and that numba's compiled loops go there
 and never into the installed package."""
 
 import os
@@ -64,7 +64,7 @@ def test_the_cache_folder_follows_the_environment_and_survives_a_removed_working
 
 
 def test_an_unwritable_cache_folder_is_said_once(tmp_path, monkeypatch, capsys):
-    """Issue 28: the stores fail quietly where the folder cannot be written (every run then
+    """The stores used to fail quietly where the folder cannot be written (every run then
     compiles from scratch, ~3x slower): a command says so, once per process."""
     from anelm.cli.main import main
 

@@ -1,4 +1,4 @@
-"""Size is enforced (STYLE.md §6, tinygrad's sz.py): small modules.
+"""Size is enforced (tinygrad's sz.py): small modules.
 
 Lines are counted as in the files (docstrings and comments included). The package once had a
 total line budget as well, raised with a comment line for every capability; that log repeated

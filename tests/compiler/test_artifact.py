@@ -1,4 +1,4 @@
-"""Kernel folders (CONTRACTS §3): save/load round trips, foreign folders, and what a broken one raises."""
+"""Kernel folders (docs/architecture.md): save/load round trips, foreign folders, and what a broken one raises."""
 
 import json
 import shutil

@@ -1,4 +1,4 @@
-"""decompose: conservative forms (CONTRACTS §2), numerics against float64 references."""
+"""decompose: conservative forms (docs/architecture.md), numerics against float64 references."""
 
 import math
 

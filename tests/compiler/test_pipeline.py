@@ -177,7 +177,7 @@ def test_returned_concat_runs_as_parts_and_reassembles():
     y = got["y"]
     ref = np.concatenate([np.einsum("oi,bihs->bohs", wa, xv.astype(np.float64)),
                           1 / (1 + np.exp(-np.einsum("oi,bihs->bohs", wb, xv.astype(np.float64))))], axis=1)
-    assert rel_err(y, ref) < 1e-2  # matmul-class tolerance, CONTRACTS §6
+    assert rel_err(y, ref) < 1e-2  # matmul-class tolerance (docs/testing.md)
 
 
 def test_gelu_block_on_emulator_matches_float64():
@@ -186,5 +186,5 @@ def test_gelu_block_on_emulator_matches_float64():
     xv = RNG.standard_normal((1, 16, 1, 32)).astype(np.float32)
     got = run_on_emulator(art, {"x": xv})
     ref = evaluate(g, [xv])
-    assert rel_err(got["y"], ref["y"]) < 2e-2 and rel_err(got["m"], ref["m"]) < 2e-2  # a block, §6
+    assert rel_err(got["y"], ref["y"]) < 2e-2 and rel_err(got["m"], ref["m"]) < 2e-2  # a block (docs/testing.md)
     assert math.isfinite(float(np.abs(got["y"]).max()))

@@ -1,4 +1,4 @@
-"""The compiler never emits a program that breaks the `strict` profile (CONTRACTS §2).
+"""The compiler never emits a program that breaks the `strict` profile (docs/chip-profiles.md).
 
 Each test writes the naive graph a user would write, compiles it, and checks both the MIL
 text and that the strict emulator (which rejects every violation) runs it. The emulator's
@@ -54,7 +54,7 @@ def test_concat_gelu_bias_and_sdpa_never_reach_the_mil():
 
 def test_matmul_transpose_flags_are_named_consts():
     b = GraphBuilder("mm")
-    x = b.input("x", [1, 1, 16, 16])  # widths in multiples of 16 (strict §2.10)
+    x = b.input("x", [1, 1, 16, 16])  # the 16-column spatial multiple
     b.output("y", b.matmul(x, x, transpose_y=True))
     text = compile_graph(b.build()).mil_text
     call = next(line for line in text.splitlines() if "matmul(" in line)
@@ -91,7 +91,7 @@ def test_io_is_named_so_alphabetical_binding_is_declared_order():
 
 def test_surfaces_are_uniform_per_direction_and_at_least_the_minimum():
     b = GraphBuilder("sizes")
-    x, small = x_in(b, "x", 64, 32), x_in(b, "y", 1, 16)  # widths in multiples of 16 (strict §2.10)
+    x, small = x_in(b, "x", 64, 32), x_in(b, "y", 1, 16)  # the 16-column spatial multiple
     b.output("big", b.mul(x, b.reduce_max(small, axes=[3], name="one"), name="big"))
     b.output("tiny", b.add(small, 1.0, name="tiny"))
     sig = compile_graph(b.build()).signature

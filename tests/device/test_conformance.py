@@ -1,5 +1,5 @@
 """The external MIL conformance cases (../shared/data/mil-conformance) through the Emulator
-and through a Kernel, within each case's index.json tolerance (CONTRACTS §6 measure).
+and through a Kernel, within each case's index.json tolerance (max|got − ref| / max|ref|, docs/testing.md).
 
 expected.npz was computed independently (numpy, fp16 rounding after each op), so these check
 the parser, the blob reader, binding order and op numerics together against an outside oracle.

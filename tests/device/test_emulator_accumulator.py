@@ -1,6 +1,6 @@
-"""The conv/matmul accumulator (CONTRACTS §2 item 9) in the emulator.
+"""The conv/matmul accumulator (the accumulator limit of 32768, docs/chip-profiles.md) in the emulator.
 
-The q15.16 reference below is written from the contract's words in plain Python with exact
+The q15.16 reference below is written from the profile's description in plain Python with exact
 rationals (`Fraction`), one product at a time, and shares nothing with the emulator's
 vectorised float64 code: products with exponent sum at most -17 are dropped, the rest are
 truncated toward zero to multiples of 2^-16 (our reading, stated in device/emulator_accum.py)

@@ -3,11 +3,11 @@
 The oracle is independent of the code under test: numpy's float16 casts for the bit patterns,
 and for the products the exact sum (float64 over fp16 operands, whose products are exact) and
 the BLAS path the emulator took before (float32 matmul, then fp16 rounding). The fp32
-accumulator (CONTRACTS §2.9) leaves the summation order open, so a one-column result may sit one
+accumulator (docs/chip-profiles.md) leaves the summation order open, so a one-column result may sit one
 fp16 ulp from the BLAS one where the float32 sum lies near a rounding boundary; never further,
 and rarely (measured fraction printed and bounded).
 
-strict's programs are 16 columns wide (CONTRACTS §2.10): a decode program carries its token in
+strict's programs are 16 columns wide (the 16-column spatial multiple): a decode program carries its token in
 column 0, and the emulator evaluates a column-separable program one column at a time
 (emulator_columns), so that narrowed evaluation is where the one-column path must be taken.
 Wider evaluations (prefill, training) multiply row blocks of the widened patterns with BLAS:

@@ -1,6 +1,6 @@
 """Per op: a tiny MIL program through the Emulator vs an independent float64 numpy or torch reference.
 
-Tolerances (CONTRACTS §6, max|got-ref|/max|ref|): elementwise 2e-3; matmul, conv, reductions,
+Tolerances (docs/testing.md, max|got-ref|/max|ref|): elementwise 2e-3; matmul, conv, reductions,
 softmax 1e-2; attention and layer_norm (a block-like composite) 1e-2. Inputs are fp16 values
 (what the surfaces carry); references run in float64 on those same values.
 """

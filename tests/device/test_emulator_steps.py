@@ -113,7 +113,7 @@ def test_hand_written_program_bound_equals_its_plan(profile):
     w = rng.standard_normal((4, 8)).astype(np.float32)
     _check(plan, {"x": x, "w": w})
     # the matmul's sums reach strict's accumulator limit: inf there, and in exp after it (the
-    # overflow diagnostic watches fp16 compute only, CONTRACTS §8)
+    # overflow diagnostic watches fp16 compute only, docs/chip-profiles.md)
     found = _check(plan, {"x": x * 60, "w": w * 60})
     assert (found is not None) == (profile.compute_dtype == "fp16")
     x[0, 2, 0, 1] = -np.inf

@@ -1,4 +1,4 @@
-"""One test per strict-profile behaviour (CONTRACTS §2) showing the Emulator enforces it,
+"""One test per strict-profile behaviour (docs/chip-profiles.md) showing the Emulator enforces it,
 plus the peer switches toggled on."""
 
 import numpy as np
@@ -25,7 +25,7 @@ def relu_prog():
     return mil([X], [f'{T8} y = relu(x = x)[name = string("y")];'], ["y"])
 
 
-# ----------------------------------------------------------------------------- §2.1 compile-time rejects
+# ----------------------------------------------------------------------------- compile-time rejects
 
 
 def test_rejects_concat_naming_node():
@@ -108,7 +108,7 @@ def test_declared_type_must_match_inference():
         compile_(mil([X], [f'{ttype("fp16", (1, 8, 1, 8))} y = relu(x = x)[name = string("y")];'], ["y"]))
 
 
-# ----------------------------------------------------------------------------- §2.2 binding order
+# ----------------------------------------------------------------------------- alphabetical surface binding
 
 SUB = mil([("b", "fp16", (1, 8, 1, 16)), ("a", "fp16", (1, 8, 1, 16))],
           [f'{T8} zd = sub(x = b, y = a)[name = string("zd")];', f'{T8} ab = add(x = a, y = a)[name = string("ab")];'],
@@ -141,7 +141,7 @@ def test_inputs_and_outputs_bind_alphabetically():
     assert np.allclose(declared["zd"], 3, atol=1e-2)
 
 
-# ----------------------------------------------------------------------------- §2.3-2.4 surfaces
+# ----------------------------------------------------------------------------- surfaces: uniform sizes, a minimum
 
 
 def _loaded(text, profile=STRICT_NB):
@@ -184,7 +184,7 @@ def test_evaluate_needs_load():
         dev.evaluate(m, [Surface(MIN)], [Surface(MIN)])
 
 
-# ----------------------------------------------------------------------------- §2.5-2.8 semantics
+# ----------------------------------------------------------------------------- semantics
 
 
 def test_sdpa_ignores_attn_mask():
@@ -247,7 +247,7 @@ def test_a_strict_compile_writes_its_folder_only_when_asked():
 def test_compile_budget_raises_at_compile_116(fresh_compile_count, cold_compiles):
     dev = Emulator(STRICT)
     text = relu_prog()
-    for _ in range(115):  # strict §2.7: 115, a margin under the failures near 119
+    for _ in range(115):  # the 115-compile budget, a margin under the failures near 119
         dev.compile(text, {})
     assert dev.compile_count == 115
     with pytest.raises(CompileBudgetExceeded, match="budget of 115"):
@@ -319,7 +319,7 @@ def test_switch_spatial_multiple_of():
 def test_strict_io_widths_are_multiples_of_16():
     odd = mil([("x", "fp16", (1, 8, 1, 1))], [f'{ttype("fp16", (1, 8, 1, 1))} y = relu(x = x)[name = string("y")];'], ["y"])
     with pytest.raises(CompileError, match=r"node 'x': I/O tensor's last dim 1 is not a multiple of 16"):
-        compile_(odd, profile=STRICT)  # §2.10: Orion's S = 1 fails at evaluation on the chip
+        compile_(odd, profile=STRICT)  # the 16-column multiple: Orion's S = 1 fails at evaluation on the chip
     compile_(relu_prog(), profile=STRICT)
 
 

@@ -2,7 +2,7 @@
 
 A hit must give the very program a cold compile gives (outputs compared bit for bit, on a
 decoder layer and on both int8 forms, whose plans are rewritten at build time), without
-parsing or planning and without charging the compile budget (CONTRACTS §2.7). The store is
+parsing or planning and without charging the 115-compile budget. The store is
 checked for its bound, its least-recently-used order, damaged entries, and two processes
 filling it at once.
 """
@@ -88,7 +88,7 @@ def test_a_hit_skips_parse_and_plan_and_gives_the_cold_results_bit_for_bit(make,
     assert kernel_store().get(art.key(STRICT)) is not None  # the cold compile filled the entry
     forbid_parse_and_plan(monkeypatch)
     warm = run(art, x)
-    assert base.compile_count() == before + 1  # CONTRACTS §2.7: loaded, not compiled
+    assert base.compile_count() == before + 1  # loaded, not compiled: the budget is not charged
     assert sorted(warm) == sorted(cold)
     for k in cold:
         assert warm[k].dtype == cold[k].dtype and warm[k].tobytes() == cold[k].tobytes(), k

@@ -4,8 +4,9 @@ Oracle: the plan of the cold compile, in the same process. The warm compile is m
 device with parsing and building forbidden, so only the stored entry and the caller's blobs can
 give its plan. Both plans are run on the same inputs, whole (`Plan.run`) and, for decode's
 column-separable kernels, column by column (`ColumnPlan.run`), with and without the overflow
-watch: every output must be the same bytes and the first overflowing op the same (CONTRACTS §8; weights scaled up so that
-some op overflows, and plain ones where none does). The replayed plan's structure
+watch: every output must be the same bytes and the first overflowing op the same (the
+overflow warning of docs/chip-profiles.md; weights scaled up so that some op overflows, and
+plain ones where none does). The replayed plan's structure
 (steps, frees, consts, column axes) is compared too, as the entry now keeps what the build
 derived instead of deriving it again. An entry of an older layout under the current format
 number, or one that names a class, is a miss, compiled cold and rewritten.

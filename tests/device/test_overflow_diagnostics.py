@@ -1,4 +1,4 @@
-"""CONTRACTS §8: the first op whose fp16 result overflowed is named once per kernel on stderr."""
+"""The first op whose fp16 result overflowed is named once per kernel on stderr (docs/chip-profiles.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The accumulator probes (CONTRACTS §2 item 9): the emulator passes them under each accumulator,
-and `derive_profile` reads `accumulator_limit` and `accumulator` back for `--write-profile`."""
+"""The accumulator probes (the accumulator limit of 32768, docs/chip-profiles.md): the emulator
+passes them under each accumulator, and `derive_profile` reads `accumulator_limit` and
+`accumulator` back for `--write-profile`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """BLOBFILE against its independent oracle: coremltools' own blob writer and reader.
 
-Byte layout (CONTRACTS §3) is also checked against hand-computed bytes.
+Byte layout (docs/architecture.md) is also checked against hand-computed bytes.
 """
 
 import struct

@@ -1,4 +1,4 @@
-"""The MIL parser: both dialects of CONTRACTS §3, exact error positions, and print/parse round trips."""
+"""The MIL parser: both dialects (docs/architecture.md), exact error positions, and print/parse round trips."""
 
 from pathlib import Path
 

@@ -99,7 +99,7 @@ class ByteSurfaces(Emulator):
 
 @pytest.mark.parametrize("device", [Emulator, ByteSurfaces])
 def test_requests_stage_weight_columns_and_share_outputs(device):
-    ic, s, oc = 16, 32, 16  # the packed width s + oc a multiple of 16 (strict §2.10)
+    ic, s, oc = 16, 32, 16  # the packed width s + oc a multiple of 16 (the spatial multiple)
     x_t = f"tensor<fp16, [1, {ic}, 1, {s + oc}]>"
     body = ['tensor<int32, [4]> ba = const()[name = string("ba"), val = tensor<int32, [4]>([0, 0, 0, 0])];',
             f'tensor<int32, [4]> sa = const()[name = string("sa"), val = tensor<int32, [4]>([1, {ic}, 1, {s}])];',
