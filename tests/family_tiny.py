@@ -3,7 +3,7 @@ and as the GGUF llama.cpp's converter would write from it (`import family_tiny` 
 folder): the oracles of tests/generate/test_generate_families.py.
 
 The HF folder is `hf_tiny.make_word_model`'s (a word-level tokenizer whose ids are the model's)
-with the head sharpened as CONTRACTS §6 asks. The GGUF holds the same float32 weights under
+with the head sharpened as docs/testing.md asks. The GGUF holds the same float32 weights under
 llama.cpp's names (gguf's own tensor-name map), with what its converter changes: q and k rows
 (and their biases) of `llama`-arch models permuted for interleaved RoPE, no output tensor when
 the head is tied, Llama 3's per-pair RoPE divisors as the `rope_freqs` tensor, and its metadata
@@ -25,7 +25,7 @@ import hf_tiny
 torch, transformers = hf_tiny.torch, hf_tiny.transformers
 gguf = pytest.importorskip("gguf")
 
-SHARPEN = 3.0  # the head's scale: greedy choices well separated (CONTRACTS §6)
+SHARPEN = 3.0  # the head's scale: greedy choices well separated (docs/testing.md)
 CHAT = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 

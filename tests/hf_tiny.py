@@ -149,7 +149,7 @@ def hf_windows(model, ids, seq: int) -> tuple[float, list[np.ndarray]]:
 def greedy_against_hf(runner, model, ids, steps: int, prefixes: bool = False) -> tuple[list[int], list[int], list[int]]:
     """`runner`'s greedy tokens from `ids`, judged by HF's `model` run teacher-forced on them (so
     every step is judged on the same prefix): (tokens, the steps where HF's choice is decisive
-    by CONTRACTS §6's tie rule, those of them where ours differs). `prefixes`: HF runs each
+    by docs/testing.md's tie rule, those of them where ours differs). `prefixes`: HF runs each
     step's prefix alone, as its generation does (LongRoPE's factors depend on the length)."""
     from helpers import decisive
 

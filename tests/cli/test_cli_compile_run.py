@@ -74,7 +74,7 @@ def test_run_mil_matches_numpy(tmp_path, capsys):
     ref = np.einsum("oi,is->os", W.astype(np.float64), x.astype(np.float16).astype(np.float64)[0, :, 0])
     ref = ref + b.astype(np.float64)[0, :, 0]
     assert y.dtype == np.float16 and y.shape == (1, 8, 1, 16)
-    assert np.abs(y[0, :, 0] - ref).max() / np.abs(ref).max() <= 1e-2  # conv, CONTRACTS §6
+    assert np.abs(y[0, :, 0] - ref).max() / np.abs(ref).max() <= 1e-2  # conv (docs/testing.md)
 
 
 def test_run_mil_bad_inputs_are_one_line_errors(tmp_path, capsys):

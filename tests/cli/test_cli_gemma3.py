@@ -1,7 +1,7 @@
 """The commands on a Gemma 3 (a tiny random one in an HF folder, with a word-level tokenizer):
 `finetune` writes a PEFT adapter, `export --merge` writes an HF folder that transformers loads
 as `Gemma3ForCausalLM` and that equals PEFT's base + adapter, `perplexity --adapter` agrees with
-PEFT, and `generate --json` reports the stream scale (CONTRACTS §9, §13)."""
+PEFT, and `generate --json` reports the stream scale (docs/fine-tuning.md, docs/models.md)."""
 
 import json
 

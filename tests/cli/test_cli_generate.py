@@ -14,7 +14,7 @@ torch = hf_tiny.torch
 from anelm.cli.main import main  # noqa: E402
 
 WORDS = hf_tiny.WORDS  # id i is word "w{i}"
-KEYS = {"prompt_ids", "ids", "text", "prefill_ms", "decode_tokens_per_s", "device", "stream_scale"}  # §5, §13
+KEYS = {"prompt_ids", "ids", "text", "prefill_ms", "decode_tokens_per_s", "device", "stream_scale"}  # docs/models.md
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +254,7 @@ def test_chat_refuses_a_line_that_is_not_utf8_and_goes_on(model_dir, capsys, mon
 
 
 def test_ctrl_c_stops_the_reply_not_the_chat(model_dir, capsys, monkeypatch, tmp_path):
-    """Issue 28: Ctrl-C while a reply streams ends that reply (a newline, a notice) and the next
+    """Ctrl-C while a reply streams ends that reply (a newline, a notice) and the next
     message is answered, with the words the stopped reply got out kept in the conversation;
     Ctrl-C at the prompt ends the chat cleanly. A reply cut at --max-tokens says so."""
     import io

@@ -1,5 +1,5 @@
 """`--adapter` on perplexity, generate and chat, and `anelm export` of a finetune RUN folder
-(CONTRACTS §9), against HF transformers + PEFT in float32. The RUN folders are built by hand as
+(docs/fine-tuning.md), against HF transformers + PEFT in float32. The RUN folders are built by hand as
 `anelm finetune` leaves them: an `anelm train` run (config.json, tokenizer.json, a checkpoint)
 plus `adapter/` written by `save_peft`."""
 

@@ -62,7 +62,7 @@ def test_one_notice_prints_once_per_command_even_when_the_filters_are_reset(tmp_
 
 
 def test_a_notice_during_a_progress_bar_prints_above_it(capsys):
-    """Issue 28: the SRAM notice (a program built in perplexity's first window) landed inside the
+    """The SRAM notice (a program built in perplexity's first window) landed inside the
     bar's line; it goes above the bar, which is drawn again below it."""
     import sys
 
@@ -117,7 +117,7 @@ ANE_OFF_A_MAC = "--device ane requested but the Apple Neural Engine is unavailab
     (["train", "--init-from", "M", "--data", "TEXT", "--device", "ane"], ANE_OFF_A_MAC),
 ])
 def test_flags_that_need_no_model_fail_before_it_loads(argv, says, tmp_path, monkeypatch, capsys):
-    """Issue 28: each of these waited for the model to load (6-13 s on a real one) to fail."""
+    """Each of these used to wait for the model to load (6-13 s on a real one) to fail."""
     import sys
 
     from anelm.models import loading

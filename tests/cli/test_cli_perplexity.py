@@ -1,4 +1,4 @@
-"""`anelm perplexity` (CONTRACTS §7) on a tiny model with a word-level tokenizer, against HF
+"""`anelm perplexity` (docs/models.md) on a tiny model with a word-level tokenizer, against HF
 transformers in float32 scoring the same windows."""
 
 import json
@@ -14,8 +14,8 @@ pytest.importorskip("transformers")
 
 from anelm.cli.main import main  # noqa: E402
 
-KEYS = {"tokens", "windows", "predictions", "nll", "ppl", "argmax", "device", "stream_scale"}  # §7, §13
-# a random tiny model on the fp16 emulator: its logits are within §6's 3e-2 of max|logit|, and
+KEYS = {"tokens", "windows", "predictions", "nll", "ppl", "argmax", "device", "stream_scale"}  # docs/models.md
+# a random tiny model on the fp16 emulator: its logits are within 3e-2 of max|logit| (docs/testing.md), and
 # the mean nll over ~100 predictions moves by far less than that
 NLL_TOL = 1e-2
 
@@ -47,7 +47,7 @@ def test_json_scores_each_window_as_hf_does(model, capsys):
     assert res["tokens"] == ids[:96] and res["windows"] == 3 and res["predictions"] == 93
     ref_nll, rows = hf_tiny.hf_windows(hf, ids[:97], 32)
     ref = np.concatenate(rows)  # [93, V]
-    firm = [i for i, row in enumerate(ref) if decisive(row)]  # CONTRACTS §6's tie rule
+    firm = [i for i, row in enumerate(ref) if decisive(row)]  # HF's top-2 margin rule (docs/testing.md)
     assert len(res["argmax"]) == 93 and len(firm) >= 40
     assert [res["argmax"][i] for i in firm] == [int(ref[i].argmax()) for i in firm]
     assert abs(res["nll"] - ref_nll) <= NLL_TOL
@@ -89,7 +89,7 @@ def test_text_that_is_not_utf8_is_refused(model, capsys, tmp_path):
 
 
 def test_without_a_terminal_progress_is_notice_lines(model, capsys, monkeypatch):
-    """Issue 28: stderr that is not a terminal (a log, a pipe) got nothing for minutes of a cold
+    """stderr that is not a terminal (a log, a pipe) got nothing for minutes of a cold
     run; now a line at the start and one about every NOTICE_EVERY_S (0 here: each window)."""
     from anelm.generate import perplexity
 

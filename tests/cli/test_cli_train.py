@@ -186,7 +186,7 @@ def test_export_refuses_what_it_cannot_do_in_one_line(tmp_path, corpus, capsys):
     empty = tmp_path / "empty-run"
     empty.mkdir()
     assert "no checkpoints" in error_of(capsys, ["export", str(empty), "--out", str(tmp_path / "x")], 1)
-    nope = tmp_path / "nope"  # issue 28: said "has no checkpoints" as well
+    nope = tmp_path / "nope"  # once said "has no checkpoints" as well
     assert f"{nope} does not exist; expected a run folder" in error_of(capsys, ["export", str(nope), "--out",
                                                                               str(tmp_path / "x")], 1)
 

@@ -2,7 +2,7 @@
 
 Oracles: tiny random HF models built from a config and saved with `save_pretrained`
 (tests/hf_tiny.py), run by torch in float32. The pipeline runs every decoder layer as
-a program our compiler made, in fp16 on the emulator, so the tolerances are CONTRACTS §6:
+a program our compiler made, in fp16 on the emulator, so the tolerances are docs/testing.md's:
 whole-model logits ≤ 3e-2 of max|ref|, and greedy choices equal to HF's except where HF's own
 top-2 margin is under 5 % of max|logit|. The models' weights are drawn large (hf_tiny: std
 0.3, a sharp output distribution), yet with 96 random logits about a third of the steps are
@@ -31,7 +31,7 @@ from anelm.models.loading import load_model  # noqa: E402
 KINDS = ["gpt2", "llama-mha", "llama-gqa", "llama-rope3", "llama-yarn", "qwen3-tied", "qwen3-untied"]
 PROMPTS = [[1, 5, 9, 22], [1] + list(range(40, 61)), [7], list(range(70, 86))]  # buckets 16, 32, 16, 16
 N_NEW = 12
-LOGITS_TOL = 3e-2  # §6: logits of a whole tiny model
+LOGITS_TOL = 3e-2  # logits of a whole tiny model (docs/testing.md)
 KV_TOL = 1e-2  # two fp16 device paths of the same arithmetic (cached decode vs one prefill pass)
 NOBUDGET = STRICT.replace(compile_budget=10**9)  # the process-wide count spans every test file
 
@@ -67,14 +67,14 @@ def greedy_run(runner, prompt, n):
 def check_choice(theirs: np.ndarray, tok: int, step: int) -> bool:
     """Our token against HF's greedy choice under the tie rule; True when HF's was decisive."""
     if not decisive(theirs):
-        return False  # a near-tie: either choice is HF-consistent (CONTRACTS §6)
+        return False  # a near-tie: either choice is HF-consistent (docs/testing.md)
     assert tok == int(np.argmax(theirs)), f"step {step}: chose {tok}, HF {int(np.argmax(theirs))}"
     return True
 
 
 def check_against_hf(hf, prompt, tokens, logits) -> int:
     """HF on prompt + our tokens, teacher-forced: the same choice at every step (tie rule),
-    logits within §6. Returns how many steps were decisive."""
+    logits within LOGITS_TOL. Returns how many steps were decisive."""
     ref = hf_tiny.hf_logits(hf, prompt + tokens)[len(prompt) - 1: len(prompt) - 1 + len(tokens)]
     decisive = 0
     for step, (ours, theirs, tok) in enumerate(zip(logits, ref, tokens)):
@@ -203,7 +203,7 @@ def resident_steps(kernel) -> int:
 def test_decode_across_a_tier_keeps_its_cache_in_the_requests(tmp_path, monkeypatch):
     """A context of 128 gives two decode tiers (64, 128): positions 20..89 cross from the first
     into the second, whose requests are filled from the host cache once, then one column per
-    token. Every step against HF (§6) and against one prefill pass over the whole sequence
+    token. Every step against HF (tie rule, LOGITS_TOL) and against one prefill pass over the whole sequence
     (KV_TOL); every decode conv and the head go through the fp16 matrix-vector product."""
     from dataclasses import replace
 

@@ -1,9 +1,9 @@
-"""The families users download (issue 31), each a tiny random model built with transformers' own
+"""The families users download (docs/models.md), each a tiny random model built with transformers' own
 config class and saved as an HF folder and as the GGUF llama.cpp's converter would write from it
 (tests/family_tiny.py), against HF transformers float32 on the same weights:
 
 - both load to the same config and weights, and to HF's logits on the CPU reference;
-- on the emulator under `strict`, greedy generation follows HF's argmax (CONTRACTS §6's tie rule)
+- on the emulator under `strict`, greedy generation follows HF's argmax (docs/testing.md's tie rule)
   and `anelm perplexity` agrees (ratio within 2 %, argmax agreement >= 97 %), from each;
 - the texts pass what each family scales or windows: positions past YaRN's and Llama 3's
   `original_max_position_embeddings` (16) and LongRoPE's (48: a generation passing it is judged
@@ -170,7 +170,7 @@ def test_mistral_keeps_a_ring_of_its_window_on_every_layer(tmp_path):
     runner = build_runner(config, weights, Emulator(NOBUDGET), max_context=SEQ)
     assert runner.rings == (16, 16)  # the window of 8 in a ring of 16 columns (strict's multiple)
     ids = np.random.default_rng(47).integers(3, 96, 50).tolist()
-    assert rel_err(runner.prefill(ids, runner.new_cache()), hf_tiny.hf_logits(hf, ids)) <= 3e-2  # §6
+    assert rel_err(runner.prefill(ids, runner.new_cache()), hf_tiny.hf_logits(hf, ids)) <= 3e-2  # docs/testing.md
     v02 = config_from_dict({**config.to_dict(), "sliding_window": None})  # v0.2 on: every key
     assert v02.window(0) is None
 

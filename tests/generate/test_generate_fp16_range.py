@@ -1,11 +1,11 @@
 """Activations as large as real pretrained models carry, on the emulator under `strict`.
 
 Random tiny models keep their activations small, so they never showed what SmolLM2-135M did
-on the device (a residual channel of 27,056; peer-facts §4.9). This model is a tiny random
+on the device (a residual channel of 27,056; docs/models.md). This model is a tiny random
 Llama (GQA) whose embeddings put ±20,000 into a few channels of some tokens, the attention-
 sink pattern of pretrained models, so the device's norms and residual stream meet the same
 range without a download. The oracle is HF transformers in float32 on the same weights, and
-the judge is CONTRACTS §6's real-model rule: teacher-forced argmax agreement >= 98.5 % and a
+the judge is docs/testing.md's real-model rule: teacher-forced argmax agreement >= 98.5 % and a
 perplexity ratio within 1 %.
 """
 
@@ -35,8 +35,8 @@ SINK = 20_000.0
 SINK_TOKENS = (1, 7, 40)  # BOS and two ordinary tokens
 SINK_CHANNELS = (3, 17, 50)
 NOBUDGET = STRICT.replace(compile_budget=10**9)  # the process-wide count spans every test file
-AGREEMENT, PPL_RATIO = 0.985, 0.01  # CONTRACTS §6, real models
-NORM_TOL = 1e-2  # §6: reductions against a float64 reference
+AGREEMENT, PPL_RATIO = 0.985, 0.01  # real models (docs/testing.md)
+NORM_TOL = 1e-2  # docs/testing.md: reductions against a float64 reference
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_teacher_forced_choices_and_perplexity_match_hf(sink_model, capsys):
     ratio = score.ppl / np.exp(ref_nll)
     assert agree >= AGREEMENT, f"argmax agreement {agree:.4f}"
     assert abs(ratio - 1) <= PPL_RATIO, f"perplexity ratio {ratio:.5f}"
-    assert "fp16 overflow" not in capsys.readouterr().err  # CONTRACTS §8: nothing overflowed
+    assert "fp16 overflow" not in capsys.readouterr().err  # the overflow warning (docs/chip-profiles.md): none
 
 
 def test_greedy_decoding_follows_hf(sink_model, capsys):
@@ -99,7 +99,7 @@ def test_greedy_decoding_follows_hf(sink_model, capsys):
         logits = runner.decode(tokens[-1], cache)
     ref = hf_tiny.hf_logits(hf, prompt + tokens)[len(prompt) - 1:-1]
     for step, (mine, theirs) in enumerate(zip(tokens, ref)):
-        if decisive(theirs):  # CONTRACTS §6's tie rule
+        if decisive(theirs):  # the tie rule (docs/testing.md)
             assert mine == int(np.argmax(theirs)), f"step {step}"
     assert rel_err(np.stack(ours), ref) <= 3e-2
     assert "fp16 overflow" not in capsys.readouterr().err
@@ -130,7 +130,7 @@ def test_channel_norms_hold_any_fp16_magnitude(peak):
 def test_head_norm_holds_large_heads():
     """Qwen3's per-head q/k norm over Dh with values that square past fp16."""
     rng = np.random.default_rng(1)
-    x = (rng.standard_normal((2, 2, 16, 16)) * 3000).astype(np.float16).astype(np.float32)  # width 16: strict §2.10
+    x = (rng.standard_normal((2, 2, 16, 16)) * 3000).astype(np.float16).astype(np.float32)  # width: a multiple of 16
     w = (1 + 0.1 * rng.standard_normal(16)).astype(np.float32)
     got = _run_norm(lambda b, v: head_rms_norm(b, v, w, 1e-6, "h"), x)
     v = x.astype(np.float64)

@@ -8,7 +8,7 @@ amplify fp16's rounding of an MLP output 40,000-fold into logits that rest on th
 an ill-conditioned model, not a test of the device.) Its window (8) is shorter than
 the texts, its local and global RoPE bases are not Gemma's, its score scale is not head_dim's:
 the remedy and the layer must hold for the family, not for one checkpoint. The judges are the
-real-model rule of CONTRACTS §6 and its greedy rule.
+real-model rule of docs/testing.md and its greedy rule.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.models.loading import load_model  # noqa: E402
 
 NOBUDGET = STRICT.replace(compile_budget=10**9)  # the process-wide count spans every test file
-AGREEMENT, PPL_RATIO = 0.985, 0.01  # CONTRACTS §6, real models
+AGREEMENT, PPL_RATIO = 0.985, 0.01  # real models (docs/testing.md)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def sink_model(tmp_path_factory):
     hf = hf_tiny.make_hf("gemma3", folder, seed=3)
     put_sinks(hf.model.embed_tokens.weight)  # ±20,000, times √64 = 8 on the way in: ±160,000
     with torch.no_grad():
-        hf.lm_head.weight.mul_(3.0)  # sharpened, so choices are well separated (§6)
+        hf.lm_head.weight.mul_(3.0)  # sharpened, so choices are well separated (docs/testing.md)
     hf.save_pretrained(folder)
     config, weights, _ = load_model(folder)
     return hf, build_runner(config, weights, Emulator(NOBUDGET), max_context=64)
@@ -64,7 +64,7 @@ def test_teacher_forced_choices_and_perplexity_match_hf(sink_model, capsys):
     ratio = score.ppl / np.exp(ref_nll)
     assert agree >= AGREEMENT, f"argmax agreement {agree:.4f}"
     assert abs(ratio - 1) <= PPL_RATIO, f"perplexity ratio {ratio:.5f}"
-    assert "fp16 overflow" not in capsys.readouterr().err  # CONTRACTS §8: nothing overflowed
+    assert "fp16 overflow" not in capsys.readouterr().err  # the overflow warning (docs/chip-profiles.md): none
 
 
 def test_greedy_decoding_follows_hf_past_the_window(sink_model, capsys):

@@ -151,7 +151,7 @@ def test_a_cache_holding_the_prompts_start_is_continued():
 
 
 def test_ctrl_c_ends_an_interruptible_generation_with_what_it_has(bytes_tok):
-    """Chat's Ctrl-C (issue 28): the reply stops, the text so far and its ids come back, and the
+    """Chat's Ctrl-C: the reply stops, the text so far and its ids come back, and the
     cache holds exactly the positions that ran; without `interruptible` the interrupt goes on."""
     script = bytes_tok.encode("abcdefgh") + [EOS] * 5
 

@@ -1,6 +1,6 @@
 """LoRA adapters on the device pipeline (emulator, strict) against PEFT on PyTorch: the logits
 of prefill and decode with an adapter, after a swap to a smaller-rank adapter on fewer targets
-(zero-padded into the same kernels), and with the adapter dropped, each within CONTRACTS §6's
+(zero-padded into the same kernels), and with the adapter dropped, each within docs/testing.md's
 whole-model tolerance (LOGITS_TOL: every layer runs in fp16); and none of the three compiles.
 `set_adapter` is part of the `Runner` protocol: the CPU reference and the device runner both
 satisfy it and swap without compiling.

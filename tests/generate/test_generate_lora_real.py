@@ -1,7 +1,7 @@
 """A LoRA adapter on the real model: SmolLM2-135M-Instruct (GGUF in ../shared) with a random
 non-zero adapter on q_proj and v_proj, `anelm perplexity --adapter` on the emulator under
-`strict` against HF transformers + PEFT in float32 on the same windows. The judge is CONTRACTS
-§6's real-model rule (argmax agreement >= 98.5 %, perplexity ratio within 1 %); the adapter moves
+`strict` against HF transformers + PEFT in float32 on the same windows. The judge is
+docs/testing.md's real-model rule (argmax agreement >= 98.5 %, perplexity ratio within 1 %); the adapter moves
 the perplexity far more than that. Then, in one runner, a swap to another adapter and a drop
 compile nothing."""
 
@@ -24,7 +24,7 @@ from anelm.models.adapters import LoraSpec, init_adapter  # noqa: E402
 from anelm.models.adapters_peft import save_peft
 from hf_tiny import hf_windows  # noqa: E402
 
-AGREEMENT, PPL_RATIO = 0.985, 0.01  # CONTRACTS §6, real models
+AGREEMENT, PPL_RATIO = 0.985, 0.01  # real models (docs/testing.md)
 SEQ, TOKENS = 64, 256  # four windows of 64: 30 prefill programs of one bucket
 
 
@@ -50,7 +50,7 @@ def test_perplexity_with_an_adapter_matches_peft_and_swaps_compile_nothing(smoll
                  "--seq-len", str(SEQ), "--max-tokens", str(TOKENS), "--json", "--device", "emulator"]) == 0
     out, err = capsys.readouterr()
     res = json.loads(out)
-    assert "fp16 overflow" not in err  # CONTRACTS §8
+    assert "fp16 overflow" not in err  # the overflow warning (docs/chip-profiles.md): none
     ids = res["tokens"]
     base_nll, _ = hf_windows(model, ids, SEQ)
     pm = peft.PeftModel.from_pretrained(model, tmp_path / "a").eval()

@@ -1,9 +1,9 @@
 """A real pretrained model on the emulator under `strict`: SmolLM2-135M-Instruct (Q4_1 GGUF in
 ../shared), against HF transformers in float32 reading the same file.
 
-This is the model whose residual stream reaches 27,056 (peer-facts §4.9): random tiny models
-never showed what it did on the device. The judge is CONTRACTS §6's real-model rule (argmax
-agreement >= 98.5 %, perplexity ratio within 1 %) and §6's greedy rule (HF's choice at every
+This is the model whose residual stream reaches 27,056 (docs/models.md): random tiny models
+never showed what it did on the device. The judge is docs/testing.md's real-model rule (argmax
+agreement >= 98.5 %, perplexity ratio within 1 %) and its greedy rule (HF's choice at every
 step unless HF's own top-2 margin is under 5 % of max|logit|).
 """
 
@@ -24,7 +24,7 @@ from hf_tiny import hf_logits, hf_windows  # noqa: E402
 from helpers import decisive  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 
-AGREEMENT, PPL_RATIO = 0.985, 0.01  # CONTRACTS §6, real models
+AGREEMENT, PPL_RATIO = 0.985, 0.01  # real models (docs/testing.md)
 CONTEXT = 256  # prefill buckets 16 and 256, one decode tier: 90 programs, within strict's budget
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,"]
 
@@ -54,7 +54,7 @@ def test_perplexity_and_choices_on_prose_match_hf(runner, smollm, smollm_hf, smo
     assert score.predictions == 2 * CONTEXT - 2
     assert agree >= AGREEMENT, f"argmax agreement {agree:.4f}"
     assert abs(ratio - 1) <= PPL_RATIO, f"perplexity ratio {ratio:.5f}"
-    assert "fp16 overflow" not in capsys.readouterr().err  # CONTRACTS §8: nothing overflowed
+    assert "fp16 overflow" not in capsys.readouterr().err  # the overflow warning (docs/chip-profiles.md): none
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -1,4 +1,4 @@
-"""`anelm perplexity --data FILE.jsonl` (CONTRACTS §14): the real SmolLM2-135M-Instruct GGUF on
+"""`anelm perplexity --data FILE.jsonl` (docs/fine-tuning.md): the real SmolLM2-135M-Instruct GGUF on
 the emulator scores only the assistant's answers of a small chat file, and agrees with HF
 transformers in float32 (HF's own chat template, loss over the answer tokens, token-weighted
 over the file) within 1 %. A bad line is one error line before any model loads. Records longer
@@ -17,7 +17,7 @@ from anelm.cli.main import main
 from anelm.generate.perplexity import perplexity, score_records
 from instruct_tiny import CONVERSATIONS
 
-NLL_TOL = 0.01  # CONTRACTS §6: a real model on the device is within 1 % of HF float32
+NLL_TOL = 0.01  # docs/testing.md: a real model on the device is within 1 % of HF float32
 
 
 def hf_ids(hf_tok, messages, generation_prompt):

@@ -1,7 +1,7 @@
 """The prefill policy (device_plan.choose_bucket, DeviceRunner.prefill_bucket): a first prompt
 runs the bucket predicted fastest, a smaller one followed by decode steps when that is cheaper;
 free prefill slots take the ladder's sizes; a server's slots are chosen by the mean first-token
-time (serving_buckets). Both paths give the same logits within CONTRACTS §6."""
+time (serving_buckets). Both paths give the same logits within a whole tiny model's 3e-2 (docs/testing.md)."""
 
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ from anelm.generate.device_plan import (SizePlan, bucket_options, choose_bucket,
 from anelm.generate.pipeline import build_runner
 from anelm.models.loading import load_model
 
-LOGITS_TOL = 3e-2  # §6: logits of a whole tiny model
+LOGITS_TOL = 3e-2  # logits of a whole tiny model (docs/testing.md)
 KV_TOL = 1e-2  # two fp16 device paths of the same arithmetic (test_generate_device.py)
 PLAN = SizePlan((16, 512), (512,), 30, 512, (16, 32, 64, 128, 256, 512))  # SmolLM2 at 512: 3 slots a layer
 

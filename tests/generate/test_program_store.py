@@ -4,7 +4,7 @@ building them.
 Oracle: the cold build of the same runner. A hit must give the very programs it would have
 built (MIL text, every blob's bytes, the content key, signature and meta) and generation bit
 for bit the same logits, while building nothing (`compile_graph` is made to fail) and charging
-no compile (CONTRACTS §2.7). A key must miss when one weight element changes or when the
+no compile to the 115-compile budget. A key must miss when one weight element changes or when the
 source fingerprint changes; a damaged entry is a miss, rebuilt and rewritten; an entry holds
 no copy of the weights. (The real ANE backend: tests/device/test_ane_program_store.py.)
 """
@@ -275,7 +275,7 @@ def quantized(tmp_path_factory):
 @pytest.mark.parametrize("scheme", ["w8", "w8a8", "w4", "lut4"])
 def test_quantized_layers_are_stored_and_served_warm(quantized, scheme, monkeypatch):
     """A quantized folder's runner finds its programs warm too: the cold programs and logits,
-    nothing built. Int8 linears (issue 28) are served from their int8 weights (the blobs are the
+    nothing built. Int8 linears (docs/quantization.md) are served from their int8 weights (the blobs are the
     runner's own q arrays); W4 and LUT layers' digests cover their blocks, tables and indices."""
     config, weights = quantized[scheme]
     assert getattr(weights, "quant", None) is not None

@@ -49,7 +49,7 @@ def test_cached_prefill_and_decode_match_full_recompute(models, kind):
 
 
 def check_greedy(ours, theirs, scores, what):
-    """Equal tokens; a divergence is allowed only where HF's own top-2 margin is under 5 % (CONTRACTS §6)."""
+    """Equal tokens; a divergence is allowed only where HF's own top-2 margin is under 5 % (docs/testing.md)."""
     for step, (a, b) in enumerate(zip(ours, theirs)):
         if a != b:
             s = np.sort(scores[step])[::-1]

@@ -2,7 +2,7 @@
 load and fused back, the partial rotation, LongRoPE's per-sequence factors (a generation passing
 the original context follows HF's `generate`, which runs the whole sequence again there), the
 window, HF's config spellings, and PEFT adapters on the fused modules, on the CPU reference
-and on the emulator (CONTRACTS §6)."""
+and on the emulator (tolerances of docs/testing.md)."""
 
 import json
 

@@ -62,7 +62,7 @@ def test_gpt2_bpe_matches_slow_python_bpe(gpt2, slow_gpt2, text):
 
 
 def test_gpt2_goldens_and_specials(gpt2):
-    # tiktoken's GPT-2 encodings, recorded in Orion's golden file (reference/orion-facts.md §4)
+    # tiktoken's GPT-2 encodings, recorded in Orion's golden file (tests/tokenizer_golden.json)
     assert gpt2.encode("Hello, world!") == [15496, 11, 995, 0]
     assert gpt2.encode("$100.00") == [3, 3064, 13, 405]
     assert gpt2.encode("Hello  ") == [15496, 220, 220]
@@ -97,7 +97,7 @@ def test_llama2c_bin_agrees_with_sentencepiece(sp_pair, text):
 def test_llama2c_golden_and_save(sp_pair, tmp_path):
     l2c, _ = sp_pair
     assert l2c.encode("Once upon a time there was a little girl", add_special_tokens=False) == [
-        9038, 2501, 263, 931, 727, 471, 263, 2217, 7826]  # reference/orion-facts.md §4
+        9038, 2501, 263, 931, 727, 471, 263, 2217, 7826]  # Orion's SentencePiece golden (test_sp_tokenizer)
     assert (l2c.vocab_size, l2c.bos_id, l2c.eos_id) == (32000, 1, 2)
     l2c.save(tmp_path)
     assert (tmp_path / "tokenizer.bin").read_bytes() == shared("llama2c-tokenizer-32k.bin").read_bytes()

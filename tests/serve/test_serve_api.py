@@ -1,4 +1,4 @@
-"""`anelm serve`'s HTTP API (CONTRACTS §15) driven by the official `openai` client, in process on
+"""`anelm serve`'s HTTP API (docs/serving.md) driven by the official `openai` client, in process on
 loopback, over a tiny HF Llama with a word tokenizer and a chat template on the emulator.
 
 The oracle of every generated text is the generation library itself on the same engine

@@ -1,7 +1,7 @@
 """`anelm serve` on the real SmolLM2 (Q4_1 GGUF, ../shared) on the emulator, as a user starts it
 (a subprocess on a loopback port) and as apps reach it (the official `openai` client).
 
-Checked (issue 30's bar): the start line; chat at temperature 0 answers the capital of France
+Checked: the start line; chat at temperature 0 answers the capital of France
 with Paris, and the streamed deltas join to the same text; a completion at temperature 0 is
 `anelm generate --temperature 0`'s text for the same prompt and max_tokens; a json_schema
 response parses and follows the schema; the second turn of a conversation with a long system
