@@ -2,7 +2,7 @@
 on the emulator, against float32 PyTorch references written here (HF semantics: half-split
 RoPE, GQA h // group, SwiGLU, q/k norm; GPT-2 LayerNorm, biases, GELU tanh form).
 
-Tolerance: CONTRACTS §6, a transformer block ≤ 2e-2 of max|ref| (every op rounds to fp16,
+Tolerance: docs/testing.md, a transformer block ≤ 2e-2 of max|ref| (every op rounds to fp16,
 ~5e-4 relative each, over ~40 ops on the longest path).
 """
 

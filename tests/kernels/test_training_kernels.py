@@ -2,7 +2,7 @@
 
 Weighted kernels run in both forms: dynamic (the test packs activations and weight blocks into
 the spatial axis itself, forward blocks as Wᵀ, dx blocks as W) and static (weights baked).
-Tolerance (CONTRACTS §6, max|got − ref| / max|ref|): 1e-2, the matmul/softmax figure, for
+Tolerance (docs/testing.md, max|got − ref| / max|ref|): 1e-2, the matmul/softmax figure, for
 every kernel. The attention backward (five matmuls, a softmax and a row reduction, each result
 rounded to fp16) measures 1.4e-3, the projections 4e-4 to 7e-4.
 """

@@ -1,4 +1,4 @@
-"""Instruction data (CONTRACTS §14): JSONL records to examples whose counted tokens match HF's
+"""Instruction data (docs/fine-tuning.md): JSONL records to examples whose counted tokens match HF's
 chat template on the real SmolLM2 tokenizer, one-line `FILE:LINE` errors, first-fit packing, and
 the example batcher's epochs, exact resume and sharding."""
 

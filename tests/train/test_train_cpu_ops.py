@@ -1,6 +1,6 @@
 """CPU ops of the training step against PyTorch autograd (and HF's own RoPE / repeat_kv).
 
-Tolerance: 1e-5 in the CONTRACTS §6 measure (max|got − ref| / max|ref|), far tighter than §6's
+Tolerance: 1e-5 in docs/testing.md's measure (max|got − ref| / max|ref|), far tighter than its
 5e-2 for gradients, on purpose. Both sides compute the same float32 math and differ only
 in summation order and libm rounding (≈ √K·6e-8 ≈ 1e-6 for our K ≤ 1000), whereas a wrong
 formula, sign, axis or head mapping gives errors of order 1.

@@ -6,8 +6,9 @@ under test. This pins down that the ops compose: layouts, HF weight orientation,
 apart from hidden/heads, GQA mapping, q/k norm before RoPE, tied and untied heads, the loss
 scale, and batches as sequences side by side in the columns.
 
-Tolerance 1e-4 (CONTRACTS measure), below §6's 5e-2: both sides are float32 throughout and a
-two-layer model only compounds round-off; any wrong op is off by far more.
+Tolerance 1e-4 (max|got − ref| / max|ref|), below docs/testing.md's 5e-2: both sides are
+float32 throughout and a two-layer model only compounds round-off; any wrong op is off by far
+more.
 """
 
 import numpy as np

@@ -2,7 +2,7 @@
 
 For each architecture (MHA tied, GQA untied, Qwen3 with q/k norm and head_dim ≠ hidden/heads)
 and both pipelines, the loss and every parameter gradient of one step must match the float32
-HF model (eager attention) on the same weights and batch. Tolerances (CONTRACTS §6):
+HF model (eager attention) on the same weights and batch. Tolerances (docs/testing.md):
 gradients max|got − ref| / max|ref| ≤ 5e-2 and cosine ≥ 0.999 each (measured: ≤ 3.5e-3 and
 ≥ 0.999994); the loss 1e-2 relative, stricter because it passes through the forward only
 (measured ≤ 1e-4). Weights are drawn at trained-model scale (not HF's 0.02 init) and norm

@@ -1,4 +1,4 @@
-"""`anelm train --distributed` (CONTRACTS §12): 2 ranks on loopback against one process.
+"""`anelm train --distributed` (docs/distributed.md): 2 ranks on loopback against one process.
 
 Real CLI processes on the emulator, tiny preset at 2x16 tokens per rank. One job runs under
 torchrun (`python -m torch.distributed.run`), the others get RANK/WORLD_SIZE/MASTER_ADDR/

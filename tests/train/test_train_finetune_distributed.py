@@ -1,4 +1,4 @@
-"""`anelm finetune --distributed` (CONTRACTS §12): the adapters' gradients are all-reduced, so
+"""`anelm finetune --distributed` (docs/distributed.md): the adapters' gradients are all-reduced, so
 two ranks of batch 2 train the adapters that one rank of batch 4 trains.
 
 Real CLI processes on the emulator over a tiny HF Llama (GQA), launched with RANK/WORLD_SIZE/
@@ -46,7 +46,7 @@ def flags(base, out, batch, data="words.txt"):
 
 @pytest.mark.parametrize("data", ["words.txt", "chat"])
 def test_two_ranks_train_the_adapters_of_one_rank_with_the_doubled_batch(tmp_path, data):
-    """Token windows, and chat records (CONTRACTS §14): packed examples, the loss on the answers,
+    """Token windows, and chat records (docs/fine-tuning.md): packed examples, the loss on the answers,
     each rank's micro-batch loss over the global batch's count, eval over the whole valid set."""
     hf_tiny.make_word_model(tmp_path / "base")
     instruct_tiny.add_chat_template(tmp_path / "base")

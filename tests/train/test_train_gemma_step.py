@@ -5,7 +5,7 @@ One step's loss and every parameter gradient against HF's `Gemma3ForCausalLM` in
 norms, a sliding window shorter than the sequence on the local layers (their own kernels),
 local and global RoPE bases, `query_pre_attn_scalar`, the gated GELU, the √hidden embedding
 scale and the tied head. A vocabulary past the classifier's chunk (`cpu_ops.HEAD_CHUNK`,
-lowered here) runs the chunked loss. Tolerances as CONTRACTS §6: gradients max|got − ref| /
+lowered here) runs the chunked loss. Tolerances as docs/testing.md: gradients max|got − ref| /
 max|ref| ≤ 5e-2 and cosine ≥ 0.999 each, the loss within 1e-2 relative.
 """
 

@@ -1,7 +1,7 @@
 """The GPT-2 training step (the shared kernels on the emulator; LayerNorm, biases, tanh GELU,
 learned positions and the tied head on the CPU) against PyTorch autograd through HF's
 `GPT2LMHeadModel` (eval mode: no dropout), every parameter's gradient, both pipelines.
-Tolerances (CONTRACTS §6): max|got − ref| / max|ref| ≤ 5e-2 and cosine ≥ 0.999 per tensor;
+Tolerances (docs/testing.md): max|got − ref| / max|ref| ≤ 5e-2 and cosine ≥ 0.999 per tensor;
 the loss 1e-2 relative (forward only).
 """
 

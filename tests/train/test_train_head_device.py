@@ -1,7 +1,7 @@
 """The classifier and its loss on the device in vocabulary tiles (`--head-on ane`).
 
 The tiles' join (train/head_device.py) against `cpu_ops.head_loss` in float32: the loss, dx
-and dW within the tolerances of one matmul against float32 (CONTRACTS §6: 1e-2, cosine ≥
+and dW within the tolerances of one matmul against float32 (docs/testing.md: 1e-2, cosine ≥
 0.999 for the gradients), with ignored targets, two sequences, a last tile shorter than the
 others and a kernel wider than the sequence (strict's 16 columns). A whole step with the head
 on the device against the CPU head; `anelm train --head-on ane` on the tiny model for 20

@@ -1,4 +1,4 @@
-"""Instruction fine-tuning runs (CONTRACTS §14) on a tiny HF Llama with a word tokenizer and a
+"""Instruction fine-tuning runs (docs/fine-tuning.md) on a tiny HF Llama with a word tokenizer and a
 chat template (`instruct_tiny`), in process, on the emulator at 2x24 tokens.
 
 What is checked: an eval record at step 0 and at every --eval-every, over the whole valid set;

@@ -95,7 +95,7 @@ def train(setup, inject=None, **kw):
 
 
 def reference_lr(step, peak, total, warmup):
-    """CONTRACTS §4 schedule written out: linear warmup from peak/W, cosine to 10 % at the end."""
+    """The run's learning-rate schedule written out: linear warmup from peak/W, cosine to 10 % at the end."""
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(total - warmup - 1, 1)
@@ -168,7 +168,7 @@ def test_metrics_eval_checkpoints_and_plot(tmp_path, data_file, monkeypatch):
     need = {"step", "loss", "lr", "loss_scale", "tokens_per_s", "device", "device_flops", "cpu_flops",
             "compiles"}
     assert all(need <= set(r) for r in steps) and len(steps) == 10
-    assert all(r["compiles"] == compile_count() for r in steps)  # the process's count (CONTRACTS §9)
+    assert all(r["compiles"] == compile_count() for r in steps)  # the process's count (docs/fine-tuning.md)
     # the loop adds AdamW's 14 flops per parameter to the step's own CPU count
     n = sum(p.size for p in setup.params.values())
     assert steps[0]["cpu_flops"] == 5 + 14 * n and steps[0]["device_flops"] == 10
@@ -254,7 +254,7 @@ def test_resume_before_the_first_checkpoint_starts_over_identically(tmp_path, da
 
 def test_without_a_bar_a_progress_line_comes_at_least_every_progress_every_s(tmp_path, data_file, monkeypatch,
                                                                             capsys):
-    """Issue 28: without a terminal the only lines were the evals' (10 % of the steps), so a long
+    """Without a terminal the only lines were the evals' (10 % of the steps), so a long
     run could be silent for hours; a step line now comes whenever PROGRESS_EVERY_S (0 here) passed."""
     monkeypatch.setattr(loop, "PROGRESS_EVERY_S", 0.0)
     setup = make_setup(tmp_path, data_file, steps=4, eval_every=4)

@@ -4,7 +4,7 @@ For Llama (GQA, every target), Qwen3 and GPT-2 (one adapter over the fused c_att
 attention and MLP, c_fc) and both pipelines, the loss and the gradient of every lora_A and
 lora_B tensor must match `peft.get_peft_model` on the same HF float32 model (eager attention),
 the same adapter and batch. B is drawn non-zero (PEFT initializes it to zero, which would make
-dA vanish), so both gradients are exercised. Tolerances (CONTRACTS §6): max|got − ref| /
+dA vanish), so both gradients are exercised. Tolerances (docs/testing.md): max|got − ref| /
 max|ref| ≤ 5e-2 and cosine ≥ 0.999 per tensor (measured ≤ 5.6e-3, ≥ 0.99999; without the
 device's adapter term the gradients are off by > 100 %); the loss 1e-2 relative (forward only).
 

@@ -8,8 +8,8 @@ batch must give that loss and every gradient (PEFT's adapter gradients for LoRA)
 GQA, Qwen3, GPT-2 (learned positions: the restart at 0 reaches the position table), Gemma 3
 (a sliding window shorter than an example: the window is on positions) and Qwen2 (q, k, v
 biases and their gradients, YaRN), Mistral (a window on every layer) and SmolLM3 (layers without
-RoPE, windowed) cover what the mask and the positions touch. Tolerances as CONTRACTS §6: gradients max|got − ref| / max|ref| ≤ 5e-2 and
-cosine ≥ 0.999, the loss 1e-2 relative.
+RoPE, windowed) cover what the mask and the positions touch. Tolerances as docs/testing.md:
+gradients max|got − ref| / max|ref| ≤ 5e-2 and cosine ≥ 0.999, the loss 1e-2 relative.
 """
 
 import numpy as np

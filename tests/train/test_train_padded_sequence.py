@@ -1,6 +1,6 @@
 """A sequence length that is not a multiple of 16 under `strict` (I/O widths in multiples of 16,
-CONTRACTS §2.10): the training kernels run 16 columns, the last ones zeros, and the step's loss
-and gradients are still those of the 12 real positions.
+the spatial multiple of docs/chip-profiles.md): the training kernels run 16 columns, the last
+ones zeros, and the step's loss and gradients are still those of the 12 real positions.
 
 Oracles: PyTorch autograd on the float32 HF model with the same weights and a 12-token batch
 (the tolerances of test_train_device_step: loss 1e-2 relative, each gradient max|got − ref| /

@@ -5,7 +5,7 @@ anelm splits them: one A shared by the parts, B split row-wise (`models/adapters
   (eager attention): the loss and the gradient of every lora_A and lora_B, the fused ones'
   dA summed over the parts, under a partial rotation (6 of 8 dims) and LongRoPE past its
   original context (the step's 16 positions run the long factors, as HF's pass of 16 does),
-  with the tolerances of tests/train/test_train_lora_step.py (CONTRACTS §6).
+  with the tolerances of tests/train/test_train_lora_step.py (docs/testing.md).
 - `anelm finetune` on a tiny Phi-3 with the default targets (every linear, the fused ones
   among them) writes a PEFT adapter on `qkv_proj`/`gate_up_proj` that PEFT loads onto HF's model
   with our logits.

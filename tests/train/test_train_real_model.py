@@ -4,7 +4,7 @@ loss on the same batch, and fine-tuning lowers the held-out loss.
 
 The training step keeps the residual stream, the norms and the loss on the CPU in float32; the
 device runs the projections and attention in fp16 on normalised inputs. This model's down
-projection writes 27,030 into the stream, inside the accumulator's 32,768 (strict §2.9).
+projection writes 27,030 into the stream, inside the accumulator limit of 32768 (docs/chip-profiles.md).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from anelm.chip.profile import STRICT  # noqa: E402
 from anelm.train.loop import Trainer  # noqa: E402
 from anelm.train.run import prepare  # noqa: E402
 
-LOSS_TOL = 0.01  # the issue's aim: the first-step loss within 1 % of HF's
+LOSS_TOL = 0.01  # the first-step loss within 1 % of HF's
 
 
 def inventory(lines: int = 240) -> str:

@@ -2,7 +2,7 @@
 
 Off on the emulator by default (its fp16 passes on the host are slower than the CPU's own), on
 where the device is the ANE; here it is switched on to compare the two: every gradient of a
-step with it within CONTRACTS §6's gradient tolerance of the CPU SwiGLU's (5e-2, cosine ≥
+step with it within docs/testing.md's gradient tolerance of the CPU SwiGLU's (5e-2, cosine ≥
 0.999), for Llama and Qwen3 shapes, both pipelines and a LoRA step on the MLP.
 """
 
