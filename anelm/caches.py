@@ -1,4 +1,4 @@
-"""The one folder for everything anelm caches (CONTRACTS §1): token caches and numba's
+"""The one folder for everything anelm caches (docs/caching.md): token caches and numba's
 compiled loops.
 
 It is `$ANELM_CACHE_DIR`, else `$XDG_CACHE_HOME/anelm`, else `~/.cache/anelm`, read when asked

@@ -1,7 +1,7 @@
 """Chip profiles: the hardware behaviours the emulator reproduces and the compiler avoids.
 
 A profile is a JSON file (`--profile PATH` or `ANELM_PROFILE`). The built-in default is
-`strict`, the closed list of CONTRACTS §2. Behaviours that peers report but disagree on are
+`strict`, the closed list in docs/chip-profiles.md. Behaviours that peers report but disagree on are
 named switches here, off in `strict`; `anelm doctor` measures them on real chips and writes
 a profile in this schema.
 """
@@ -26,32 +26,33 @@ SRAM_BYTES = int(json.loads((Path(__file__).resolve().parents[1] / "data" / "ane
 @dataclass(frozen=True)
 class ChipProfile:
     name: str = "strict"
-    # --- compile-time rejects (strict §2.1; their messages: chip/rejects.py) ---
+    # --- compile-time rejects (their messages: chip/rejects.py) ---
     rejected_ops: tuple[str, ...] = ("concat", "gelu")
     reject_conv_bias: bool = True
     reject_dynamic_conv_weight: bool = True  # conv weight must be const or constexpr_* result
     reject_inline_matmul_transpose: bool = True  # transpose_x/_y must be named consts
-    # --- binding and surfaces (strict §2.2-2.4) ---
+    # --- binding and surfaces: alphabetical binding, uniform sizes, the 49,152-byte minimum ---
     bind_inputs_alphabetically: bool = True
     bind_outputs_alphabetically: bool = True
     uniform_input_sizes: bool = True
     uniform_output_sizes: bool = True
     min_surface_bytes: int = 49152
-    # --- semantics (strict §2.5-2.8) ---
+    # --- semantics: SDPA's mask, weights read at compile, the compile budget, fp16 ---
     sdpa_ignores_mask: bool = True
     reload_reads_new_weights: bool = False
-    compile_budget: int = 115  # strict §2.7: libane stops at 115, the compiler fails near 119
+    compile_budget: int = 115  # libane stops at 115, the compiler fails near 119
     compute_dtype: str = "fp16"
     cast_only_at_boundary: bool = True
-    # --- the conv/matmul accumulator (strict §2.9) ---
+    # --- the conv/matmul accumulator ---
     accumulator_limit: float | None = 32768  # |result| >= limit is +-inf; None: no limit
     accumulator: str = "fp32"  # "fp32", or "q15.16": fixed point, LSB 2^-16, partial sums limited
     # quantize's ties: MIL's reference rounds half to even; the M6 study saw fp16 outputs round
     # half away from zero. Unmeasured for quantize itself; see device/emulator_int8.py
     quantize_rounding: str = "half_even"
-    # --- I/O widths (strict §2.10): the last dim of every input and output surface. Orion saw
-    # S = 1 compile, then fail at evaluation; rustane, silent corruption at other widths. The
-    # compiler's kernels pad to it; the doctor's io.spatial probes may relax it per chip ---
+    # --- I/O widths (the 16-column spatial multiple): the last dim of every input and output
+    # surface. Orion saw S = 1 compile, then fail at evaluation; rustane, silent corruption at
+    # other widths. The compiler's kernels pad to it; the doctor's io.spatial probes may relax
+    # it per chip ---
     spatial_multiple_of: int = 16
     # --- peer-reported switches, off in strict ---
     single_input_only: bool = False  # maderix: multi-input requests give 0x1d
@@ -149,7 +150,7 @@ STRICT = ChipProfile()
 
 
 def padded_width(n: int, multiple: int) -> int:
-    """The smallest I/O width >= n that is a multiple of `multiple` (spatial_multiple_of, §2.10)."""
+    """The smallest I/O width >= n that is a multiple of `multiple` (spatial_multiple_of)."""
     return -(-int(n) // multiple) * multiple
 
 

@@ -1,5 +1,5 @@
-"""The compile-reject rules of CONTRACTS §2, one entry per rule, keyed by the profile field
-that switches it on (or by a name, for the rules every profile has).
+"""The compile-reject rules of the chip profile (docs/chip-profiles.md), one entry per rule,
+keyed by the profile field that switches it on (or by a name, for the rules every profile has).
 
 The compiler's validation (`compiler/passes/validate.py`, on the graph) and the emulator's
 compile checks (`device/emulator_checks.py`, on parsed MIL) look at different forms of a
@@ -42,31 +42,34 @@ def _always(_: ChipProfile) -> bool:
 
 RULES: dict[str, Rule] = {
     # --- every profile -----------------------------------------------------------------------
-    "op_table": Rule("op '{op}' is not in the emulator's op table (CONTRACTS §2.1)",
+    "op_table": Rule("op '{op}' is not in the emulator's op table (see docs/chip-profiles.md)",
                      "express it with ops the table has", _always),
-    "returned_name": Rule("returned name is defined by no statement (CONTRACTS §2.1)",
+    "returned_name": Rule("returned name is defined by no statement (see docs/chip-profiles.md)",
                           "return a variable that a statement binds (not an input)", _always),
     # --- profile fields ----------------------------------------------------------------------
-    "rejected_ops": Rule("op '{op}' is rejected by profile '{profile}' (CONTRACTS §2.1)", "{op_fix}",
+    "rejected_ops": Rule("op '{op}' is rejected by profile '{profile}' (see docs/chip-profiles.md)", "{op_fix}",
                          _switch("rejected_ops")),
-    "reject_conv_bias": Rule("conv has a bias argument (CONTRACTS §2.1)",
+    "reject_conv_bias": Rule("conv has a bias argument (see docs/chip-profiles.md)",
                              "run conv_bias_split: conv without bias, then add a [1, C, 1, 1] const",
                              _switch("reject_conv_bias")),
     "reject_dynamic_conv_weight": Rule(
-        "conv weight '{weight}' is {what}, not a const or a constexpr_* result (CONTRACTS §2.1)",
-        "for runtime weights use matmul (the dynamic-weight pattern, maderix §4)",
+        "conv weight '{weight}' is {what}, not a const or a constexpr_* result (see docs/chip-profiles.md)",
+        "for runtime weights use matmul (the dynamic-weight pattern of maderix/ANE's training_dynamic)",
         _switch("reject_dynamic_conv_weight")),
-    "reject_inline_matmul_transpose": Rule("matmul has an inline {flag} literal (CONTRACTS §2.1)",
+    "reject_inline_matmul_transpose": Rule("matmul has an inline {flag} literal (see docs/chip-profiles.md)",
                                            "bind {flag} to a named bool const",
                                            _switch("reject_inline_matmul_transpose")),
     "cast_only_at_boundary": Rule(
-        "cast is allowed only directly on a function input or on a returned value (CONTRACTS §2.8)",
+        "cast is allowed only directly on a function input or on a returned value "
+        "(fp16 computation; see docs/chip-profiles.md)",
         "compute in fp16 and cast only the inputs or the returned values", _switch("cast_only_at_boundary")),
-    "sdpa_ignores_mask": Rule("the hardware ignores scaled_dot_product_attention's attn_mask (CONTRACTS §2.5)",
+    "sdpa_ignores_mask": Rule("the hardware ignores scaled_dot_product_attention's attn_mask "
+                              "(see docs/chip-profiles.md)",
                               "decompose attention: matmul, scale, add the mask, softmax, matmul",
                               _switch("sdpa_ignores_mask"), device_rejects=False),
     "spatial_multiple_of": Rule(
-        "I/O tensor's last dim {width} is not a multiple of {multiple} (profile '{profile}', CONTRACTS §2.10)",
+        "I/O tensor's last dim {width} is not a multiple of {multiple} "
+        "(profile '{profile}'; see docs/chip-profiles.md)",
         "pad the spatial axis to a multiple of {multiple} (zero columns the program's results do not read)",
         lambda p: p.spatial_multiple_of > 1),
     "single_input_only": Rule("{count} input surfaces; profile '{profile}' accepts one input",

@@ -1,6 +1,7 @@
-"""How a request's surfaces bind and how big they are (strict §2.2-2.4): the one definition
-that the compiler (signature sizes, io_naming), the runtime (allocations), the emulator
-(request checks) and the doctor read.
+"""How a request's surfaces bind and how big they are (alphabetical binding, uniform sizes per
+direction, the 49,152-byte minimum surface; docs/chip-profiles.md): the one definition that the
+compiler (signature sizes, io_naming), the runtime (allocations), the emulator (request
+checks) and the doctor read.
 
 A side is "inputs" or "outputs"; the two are judged apart.
 """

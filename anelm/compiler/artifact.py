@@ -1,7 +1,7 @@
 """The compiler's output as one value: MIL text + BLOBFILE weights + I/O signature.
 
-An Artifact is written to and read from a kernel folder (CONTRACTS §3), the same layout the
-private API's temp directory gets, so a folder can be diffed, run with `anelm run-mil`, or
+An Artifact is written to and read from a kernel folder (docs/architecture.md), the same
+layout the private API's temp directory gets, so a folder can be diffed, run with `anelm run-mil`, or
 handed to the hardware as is:
 
     KERNEL/
@@ -44,7 +44,7 @@ class IOSpec:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of packed tensor data; the surface may be larger (CONTRACTS §2.4)."""
+        """Bytes of packed tensor data; the surface may be larger (the 49,152-byte minimum surface)."""
         return TensorType(self.dtype, self.shape).nbytes
 
 
@@ -81,7 +81,7 @@ def _iospec(row, source: str) -> IOSpec:
 
 
 def _sized(named: list[tuple[str, TensorType]], side: str, profile: ChipProfile) -> list[IOSpec]:
-    """Surface sizes for one side, as the profile allocates them (strict §2.3-2.4)."""
+    """Surface sizes for one side, as the profile allocates them (uniform, at least 49,152 bytes)."""
     for name, t in named:
         if t.dtype not in ITEMSIZE:
             raise CompileError(name, f"surface dtype {t.dtype} has no fixed byte size", "use fp16 or fp32 I/O")

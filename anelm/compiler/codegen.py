@@ -5,9 +5,9 @@ reference programs.
     bool mm_transpose_x = const()[name = string("mm_transpose_x"), val = bool(false)];
     tensor<fp16, [1, 4, 64, 64]> mm = matmul(transpose_x = mm_transpose_x, ..., x = q, y = k)[name = string("mm")];
 
-Rules (maderix §2, orion §1.6):
+Rules (as maderix/ANE's MIL generators and Orion's compiler/codegen.m emit MIL):
   * every param becomes a named const `<node>_<param>` emitted just before its op; matmul's
-    transpose flags in particular must never be inline literals (strict §2.1);
+    transpose flags in particular must never be inline literals (a compile-time reject);
   * call arguments are in alphabetical order of their MIL names (conv: dilations, groups,
     pad, pad_type, strides, weight, x);
   * each result variable equals its `name` attribute;
@@ -29,7 +29,7 @@ from ..mil.blob import encode_tensor
 from ..mil.folder import WEIGHTS_DIR
 from ..mil.program import DEFAULT_BUILD_INFO, BlobRef, Function, Literal, Program, Statement, TensorType, Var
 
-BLOB_OFFSET = 64  # the metadata block of a single-tensor BLOBFILE (CONTRACTS §3)
+BLOB_OFFSET = 64  # the metadata block of a single-tensor BLOBFILE, as coremltools writes it
 OPSET = "ios18"
 
 

@@ -20,24 +20,24 @@ MAX_ROUNDS = 20  # fixed-point groups stop here (Orion's optimizer bound)
 
 # A name runs once; a tuple of names repeats, in order, until a whole round changes nothing.
 PIPELINE: list[str | tuple[str, ...]] = [
-    # Conservative forms first (CONTRACTS §2): gelu, silu, reduce_mean, rsqrt, layer_norm, SDPA
+    # Conservative forms first: gelu, silu, reduce_mean, rsqrt, layer_norm, SDPA
     # (its mask is ignored by the hardware) become ops every chip takes. Later passes then
     # see only those ops, and folding can clean up the consts the rewrites introduce.
     "decompose",
-    # ANE conv takes no bias (strict §2.1): conv + add of a [1, C, 1, 1] const.
+    # ANE conv takes no bias (a compile-time reject): conv + add of a [1, C, 1, 1] const.
     "conv_bias_split",
     # Cleanup to a fixed point: folding exposes identities (a reshape of a folded const), cast
     # fusion exposes same-dtype casts, and DCE drops what they all leave behind.
     ("constant_folding", "identity_elimination", "cast_fusion", "dead_code_elimination"),
-    # Casts may remain only on inputs or returned values (strict §2.8); a check, no rewrite.
+    # Casts may remain only on inputs or returned values (fp16 computation); a check, no rewrite.
     "cast_placement",
-    # A returned concat becomes one output per part (strict §2.1 rejects concat); the
+    # A returned concat becomes one output per part (concat is a compile-time reject); the
     # runtime reassembles it from meta["concat_outputs"]. DCE removes what fed only the concat.
     "concat_elimination",
     "dead_code_elimination",
-    # Now that the returned values are final: MIL names that sort in declared order (strict §2.2).
+    # Now that the returned values are final: MIL names that sort in declared order (alphabetical binding).
     "io_naming",
-    # Annotations and the last word: surface sizes (strict §2.3-2.4), the constraint
+    # Annotations and the last word: surface sizes (uniform, at least 49,152 bytes), the constraint
     # catalogue of the profile, the working set (a warning past the measured threshold), and
     # the cost of one evaluation (FLOPs by unit, bytes) that anelm.bench turns into time.
     "uniform_surfaces",

@@ -3,7 +3,7 @@
 The private calls themselves are in `ane_framework` (one method each, the seam a test
 replaces with a fake framework); this module owns the rules around them:
 - aned may already hold the program (`compiledModelExists`): then nothing is compiled and
-  nothing is charged against the compile budget (CONTRACTS §2.7);
+  nothing is charged against the compile budget (only cold compiles count);
 - the framework's unload deletes the model's compile folder, so the folder is re-created
   from the model's own text and blobs before a load finds it missing (atomically, never
   rewritten in place), and our release deletes it only when no other model uses it;
@@ -157,7 +157,7 @@ class AneModel:
         self._requests_lock = threading.Lock()  # evaluations from several threads share the cache
 
     @property
-    def mil_text(self) -> str:  # names the outputs for the §8 overflow check
+    def mil_text(self) -> str:  # names the outputs for the fp16 overflow check
         return self.mil.decode("utf-8")
 
     @property
@@ -253,7 +253,7 @@ class AneDevice(Device):
             handle.holds_folder = True
             ensure_folder(handle.folder, mil, weights)
             # Fact (libane): aned keeps compiled programs by hex id across processes; loading
-            # one is not a compile and costs no budget (CONTRACTS §2.7).
+            # one is not a compile and costs no budget (only cold compiles count).
             if not self._fw.compiled_model_exists(ptr):
                 # Charged before the call: the compiler's leak happens whether or not it succeeds.
                 charge_compile(self.profile.compile_budget)
@@ -302,7 +302,7 @@ class AneDevice(Device):
                     raise DeviceError(f"{kind} surface {i} is a {type(s).__name__}; "
                                       "the ANE reads only surfaces from AneDevice.new_surface()")
         self._fw.evaluate(m.ptr, m.request(list(inputs), list(outputs)))
-        return output_overflow(m, self.profile, inputs, outputs) if watch else None  # outputs only: §8
+        return output_overflow(m, self.profile, inputs, outputs) if watch else None  # outputs only
 
     def unload(self, model: AneModel) -> None:
         m = self._own(model)

@@ -29,9 +29,10 @@ CLASSES = ("_ANEInMemoryModelDescriptor", "_ANEInMemoryModel", "_ANERequest", "_
 QOS = 21  # every reference passes 21 (the M5 sweep found 0-63 all work; 0 loads slowly)
 
 # Every private message we send, with the exact prototype it is sent through (facts:
-# maderix-ane-facts §1.2, orion-facts §3.1, and the framework's own method list for
-# compiledModelExists). Checked against the runtime when the framework loads: a missing
-# selector makes the backend unavailable instead of aborting the process.
+# maderix/ANE's training_dynamic/io.h and bridge/ane_bridge.m, Orion's core/ane_runtime.m, and
+# the framework's own method list for compiledModelExists). Checked against the runtime when
+# the framework loads: a missing selector makes the backend unavailable instead of aborting
+# the process.
 PRIVATE_CALLS = {  # selector: (class, class method?, restype, argtypes)
     "modelWithMILText:weights:optionsPlist:": ("_ANEInMemoryModelDescriptor", True, ID, [ID, ID, ID]),
     "inMemoryModelWithDescriptor:": ("_ANEInMemoryModel", True, ID, [ID]),
@@ -155,7 +156,7 @@ class Framework:
         with rt.pool():
             err = rt.error_out()
             # Fact: -unloadWithQoS:error: takes the QoS and an NSError** (no options argument).
-            # Afterwards the framework deletes the model's folder (maderix §1.2 step 8).
+            # Afterwards the framework deletes the model's folder (maderix/ANE's training_dynamic/io.h).
             if not self.send(model, "unloadWithQoS:error:", QOS, byref(err)):
                 raise rt.error_from("unloadWithQoS", err)
 

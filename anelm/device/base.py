@@ -138,7 +138,7 @@ class Device(ABC):
         """Run once. Surfaces bind by position in the profile's binding order.
 
         With `watch`, returns an `overflow.Overflow` naming where a result first came out inf
-        or NaN from finite inputs (CONTRACTS §8), or None; without, always None (no cost).
+        or NaN from finite inputs (docs/chip-profiles.md), or None; without, always None (no cost).
         `read_columns` = n promises that the caller reads only the first n spatial columns of
         every output (a decode token padded to 16 columns reads 1): a device may leave the
         others unwritten. The ANE computes every column anyway; the emulator skips the rest

@@ -1,6 +1,6 @@
 """A bounded on-disk store of byte strings by content key, safe for concurrent processes.
 
-    store = DiskCache(cache_dir("kernels"))     # the folder of CONTRACTS §1
+    store = DiskCache(cache_dir("kernels"))     # the folder of docs/caching.md
     store.put(key, payload)                     # temp file + atomic rename, then trim to the bound
     store.get(key)                              # the payload, or None (absent, corrupt or stale)
 

@@ -5,7 +5,7 @@
     emu.load(model)
     emu.evaluate(model, in_surfaces, out_surfaces)
 
-What it reproduces (CONTRACTS §2): compile-time rejects (`emulator_checks`), a compile folder
+What it reproduces (docs/chip-profiles.md): compile-time rejects (`emulator_checks`), a compile folder
 named by the content key with `model.mil` and the blobs (as the private API needs; written
 when something reads it, since in `strict` nothing does: writing every program's weights to
 /tmp cost a warm SmolLM2 prefill 187 ms), weights
@@ -108,8 +108,8 @@ class Emulator(Device):
     # --- life cycle -------------------------------------------------------------------------
     def compile(self, mil_text: str, weights: dict[str, bytes], key: str | None = None) -> EmulatedModel:
         """A cold compile (charged), or the plan of the on-disk kernel cache (loaded, not charged:
-        CONTRACTS §2.7). A profile whose reloads read rewritten blobs plans from the folder at
-        every load, so it keeps no cache."""
+        only cold compiles count). A profile whose reloads read rewritten blobs plans from the
+        folder at every load, so it keeps no cache."""
         collecting = gc.isenabled()
         gc.disable()  # a plan is thousands of objects that all live on: the collector would find no garbage
         try:

@@ -1,4 +1,4 @@
-"""The conv/matmul accumulator (CONTRACTS §2 item 9): a limit, and a precision switch.
+"""The conv/matmul accumulator (docs/chip-profiles.md): a limit, and a precision switch.
 
 fp16 `conv`, `matmul` and the two products inside `scaled_dot_product_attention` accumulate in a
 register whose range ends at `accumulator_limit` (32768 in `strict`, measured on M4 and M6): a
@@ -12,10 +12,10 @@ conv's bias (its initial value), before the op's rounding to fp16.
   min over the result decide; the work of writing the infs is done only when they trip, so the
   check is nearly free next to the product that made the result.
 * `"q15.16"`: a fixed-point register with its LSB at 2^-16 (`_fixed_matmul`). How we read the
-  contract's words, with the reason for each choice:
+  rule as the M6 microarchitecture study words it, with the reason for each choice:
   - "exponent sum" is e(a) + e(b), where e(x) = floor(log2|x|) is the exponent of the operand's
     value (of a subnormal too): the product's magnitude is then under 2^(e(a) + e(b) + 2), so
-    "at most -17" is the contract's "magnitudes under about 2^-15".
+    "at most -17" is the rule's "magnitudes under about 2^-15".
   - "summed on a 2^-16 grid": each kept product is truncated toward zero to a multiple of 2^-16
     (its low bits fall off the register's end as the product is aligned to it), then added
     exactly. Truncation, not rounding, because the drop rule is itself truncation: a register

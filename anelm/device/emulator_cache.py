@@ -1,7 +1,7 @@
 """The emulator's on-disk kernel cache: compiled programs kept across processes, weights apart.
 
 aned keeps compiled programs by content on a Mac, and a program it holds is loaded, not
-compiled (CONTRACTS §2.7). The emulator does the same in `cache_dir("kernels", "emulator")`:
+compiled (only cold compiles count). The emulator does the same in `cache_dir("kernels", "emulator")`:
 an entry, keyed by `compiler.artifact.content_key` (MIL text, blobs, chip profile), holds the
 plan's record (`emulator_plan.Plan.record`: every const's literal or BLOBFILE reference and
 every resolved, checked statement, in order), pickled, a few tens of kilobytes. It holds no

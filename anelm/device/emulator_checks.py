@@ -1,4 +1,5 @@
-"""Compile-time rejects: what the ANE compiler refuses, per the chip profile (CONTRACTS §2).
+"""Compile-time rejects: what the ANE compiler refuses, per the chip profile
+(docs/chip-profiles.md).
 
 Each check raises `CompileError(node, constraint, fix)` naming the op and the node. The strict
 list: rejected ops (concat, gelu), conv with a bias, conv whose weight is not a const or a

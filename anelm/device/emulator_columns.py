@@ -1,7 +1,7 @@
 """Column-separable programs: the emulator evaluates only the spatial columns a caller reads.
 
-`strict` pads every I/O width to 16 columns (CONTRACTS §2.10), so a decode kernel carries its
-token in column 0 and 15 columns nobody reads. When no op of a program mixes spatial columns,
+`strict` pads every I/O width to 16 columns (docs/chip-profiles.md), so a decode kernel
+carries its token in column 0 and 15 columns nobody reads. When no op of a program mixes spatial columns,
 column j of every output depends on column j of the inputs alone, and evaluating one column
 is enough. Whether a program is so is read off its plan (`column_axes`): each value that
 depends on the input columns carries one *column axis*, followed through every step:

@@ -1,16 +1,16 @@
-"""The emulator's int8 arithmetic (CONTRACTS §10, peer-facts §4.9), as plan rewrites.
+"""The emulator's int8 arithmetic (docs/quantization.md), as plan rewrites.
 
 A `conv` whose weight is `constexpr_affine_dequantize` of int8 data, with a per-output-channel
 (axis 0) or scalar scale, does not run as a conv on the dequantized fp16 weights. The weights
 stay int8 in the plan (one byte an element, as on the chip) and:
 
-* **W8** (x fp16): acc[o] = Σ_k (q[o,k] − zp[o]) · x[k], formed exactly; the accumulator of
-  strict §2.9 acts on that *unscaled* sum (fp32: |acc| >= limit is ±inf; q15.16: the fixed-point
-  register of emulator_accum on the integer weights); then y = acc · scale[o], rounded once to
-  fp16. "Exactly": every q·x is a multiple of 2^-24 (x is fp16), so float64 holds every partial
-  sum without error while Σ|q·x| < 2^29, which any sum below the limit's 32768 by a margin of
-  2^14 satisfies; so the summation order does not matter and the numpy reference can match it
-  bit for bit.
+* **W8** (x fp16): acc[o] = Σ_k (q[o,k] − zp[o]) · x[k], formed exactly; the accumulator
+  limit acts on that *unscaled* sum, as pmetal found (fp32: |acc| >= limit is ±inf; q15.16: the
+  fixed-point register of emulator_accum on the integer weights); then y = acc · scale[o],
+  rounded once to fp16. "Exactly": every q·x is a multiple of 2^-24 (x is fp16), so float64
+  holds every partial sum without error while Σ|q·x| < 2^29, which any sum below the limit's
+  32768 by a margin of 2^14 satisfies; so the summation order does not matter and the numpy
+  reference can match it bit for bit.
 * **W8A8** (x = dequantize(q_x, s_x) with q_x int8 from `quantize`, scalar scale and zero
   point): acc = Σ (q[o,k] − zp[o])(q_x[k] − zp_x), an integer (int32 on the chip: no 32768
   limit; |acc| < 2^31 for any contraction under 131,072), then y = acc · s_x · scale[o]. The

@@ -30,8 +30,8 @@ dropped. Its evaluations:
   per 32 rows of a 2048-wide weight). So there is no float32 copy to switch to: a weight
   evaluated wide over and over (training, chat turns) stays fp16, and its memory stays half.
 
-The accumulator modelled is `"accumulator": "fp32"` (CONTRACTS §2.9): the sum of the products
-in float32, in an order the contract leaves open, then the profile's limit (as
+The accumulator modelled is `"accumulator": "fp32"` (docs/chip-profiles.md): the sum of the
+products in float32, in an order the profile leaves open, then the profile's limit (as
 `emulator_accum.accumulated` applies it to the op table's conv) and the rounding of the result to fp16. The
 float32 sums here are formed in other orders than one whole-matrix BLAS product forms them:
 the matrix-vector product's eight lanes and several partial sums, the tiles' one sum in k

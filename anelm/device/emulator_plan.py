@@ -59,7 +59,7 @@ def _saturate(r: np.ndarray, limit: float) -> np.ndarray:
 
 def make_checked_rounder(dtype: str, profile: ChipProfile) -> Callable[[Any], tuple[Any, bool]]:
     """make_rounder(owned=True) that also says whether every result is finite. Only fp16 compute
-    is watched (CONTRACTS §8 is about fp16 overflow); the rounding pass counts the non-finite
+    is watched (the overflow warning is about fp16); the rounding pass counts the non-finite
     values, so a clean result costs one extra read of memory still in cache."""
     if dtype not in FLOAT_DTYPES or profile.compute_dtype != "fp16":
         plain = make_rounder(dtype, profile, owned=True)
@@ -136,7 +136,7 @@ class Plan:
         Inputs named in `exact` are float32 arrays of fp16 values: they are read, never copied
         or modified, and skip the rounding when it would change nothing. With `overflow` (a
         list), the first op in execution order whose result is inf or NaN although its operands
-        were finite is appended to it as an `Overflow` (CONTRACTS §8).
+        were finite is appended to it as an `Overflow` (docs/chip-profiles.md).
         """
         env = dict(self.consts)
         for _, name in self.inputs:

@@ -17,8 +17,8 @@ from typing import Callable
 from .ane import FRAMEWORK_DIR
 
 # Apple Silicon generation → ANE architecture, as aneforge's family detection maps
-# "Apple M<n>" (peer-facts §4.7). The M5 is reported as h17s by aneforge and as h16/h17
-# by `_ANEDeviceInfo.aneSubType` (maderix PR #50); doctor measures behaviour, not names.
+# "Apple M<n>" (_targets.py detect_family). The M5 is reported as h17s by aneforge and as h16/h17
+# by `_ANEDeviceInfo.aneSubType` (maderix/ANE#50); doctor measures behaviour, not names.
 ANE_ARCH = {"M1": "h13", "M2": "h14", "M3": "h15", "M4": "h16", "M5": "h17"}
 
 Runner = Callable[[list[str]], str]

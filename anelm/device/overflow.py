@@ -1,4 +1,5 @@
-"""fp16 overflow diagnostics (CONTRACTS §8): the first op whose result overflowed, once per kernel.
+"""fp16 overflow diagnostics: the first op whose result overflowed, once per kernel
+(docs/chip-profiles.md).
 
 A device's `evaluate(..., watch=True)` returns an `Overflow` when a result came out inf or NaN
 from finite operands: the emulator names the first such op in execution order (it sees every
@@ -65,7 +66,7 @@ def warned(kernel: str) -> bool:
 
 
 def warn_overflow(kernel: str, where: Overflow) -> bool:
-    """Print the §8 line for `kernel` unless it has been printed already; True when printed."""
+    """Print the overflow warning for `kernel` unless it has been printed already; True when printed."""
     with _lock:
         if kernel in _warned:
             return False

@@ -8,8 +8,8 @@
 
 Names are readable and deterministic: the `name` given, else the op name, with `_1`, `_2`
 appended on collision. Operand consts are named `<node>_<arg>` (a scalar `y` of node `scale`
-is `scale_y`); composite helpers name their steps `<prefix>_<suffix>` (orion §1.2 naming).
-Python numbers and numpy arrays are accepted wherever a tensor operand is, and become consts
+is `scale_y`); composite helpers name their steps `<prefix>_<suffix>` (as Orion's composite
+builders do). Python numbers and numpy arrays are accepted wherever a tensor operand is, and become consts
 of the other operand's dtype. Passes use `GraphBuilder.on(graph)` to add nodes to a graph.
 """
 
@@ -67,7 +67,7 @@ class GraphBuilder:
         return self._wrap(self.graph.add_const(arr, name or "const", blob=blob))
 
     def weight(self, name: str, array, dtype: str = "fp16") -> Value:
-        """A weight const: always a BLOBFILE, one tensor per file (maderix §3)."""
+        """A weight const: always a BLOBFILE, one tensor per file (as maderix/ANE's training writes)."""
         return self.const(array, name=name, dtype=dtype, blob=True)
 
     def scalar(self, v: float | int | bool, dtype: str = "fp16", name: str | None = None) -> Value:
@@ -133,7 +133,7 @@ class GraphBuilder:
     # --- linear --------------------------------------------------------------------------
     def conv(self, x: Value, weight, bias=None, strides=(1, 1), pad_type: str = "valid",
              pad=(0, 0, 0, 0), dilations=(1, 1), groups: int = 1, name=None) -> Value:
-        """conv with every param explicit, as the references emit it (maderix §2.3)."""
+        """conv with every param explicit, as the references emit it (maderix/ANE's MIL generators)."""
         n = self.graph.peek_name(name or "conv")
         if not isinstance(weight, Value):
             w = np.asarray(weight)
@@ -279,8 +279,8 @@ class GraphBuilder:
     # --- composites ----------------------------------------------------------------------
     def layer_norm_decomposed(self, x: Value, gamma=None, beta=None, eps: float = 1e-5,
                               axes: Sequence[int] = (1,), name: str = "ln") -> Value:
-        """LayerNorm over `axes` with means as reduce_sum × 1/N (CONTRACTS §2 conservative
-        forms); the decompose pass writes MIL's `layer_norm` this way. `gamma`/`beta` are
+        """LayerNorm over `axes` with means as reduce_sum × 1/N (the conservative
+        form); the decompose pass writes MIL's `layer_norm` this way. `gamma`/`beta` are
         arrays of the normalised shape, or Values that broadcast against x."""
         p = self.graph.peek_name(name)
         axes = sorted(a % x.rank for a in axes)

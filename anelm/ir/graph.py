@@ -134,8 +134,8 @@ class Node:
 def infer_types(op: str, inputs: dict[str, Any], params: dict[str, Any], node: str) -> list[TensorType]:
     """Result types from the op table; tuple operands are handed over as tuples of types.
 
-    `identity` is IR-only (the ANE compiler walls it, peer-facts 4.1): it has no table entry,
-    its type is its operand's, and identity elimination removes it before codegen.
+    `identity` is IR-only (the ANE compiler walls it, per aneforge's op sweep): it has no table
+    entry, its type is its operand's, and identity elimination removes it before codegen.
     """
     types = {k: tuple(i.type for i in v) if isinstance(v, tuple) else v.type for k, v in inputs.items()}
     if op == "identity":

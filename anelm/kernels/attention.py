@@ -5,8 +5,8 @@ projection `[1, H·Dh, 1, S]` reshapes to it directly because query head h = kv�
 head kv = h // G (HF's GQA mapping), and K/V reshape to `[Hkv, 1, Dh, S]` so matmul
 broadcasts them over G. No tiling, no concat.
 
-The causal mask is an additive const (hardware SDPA ignores masks, strict §2.5); −1e4 rather
-than −65504 so that `score + mask` cannot overflow fp16 to −inf (ml-ane-transformers).
+The causal mask is an additive const (hardware SDPA ignores masks); −1e4 rather than −65504
+so that `score + mask` cannot overflow fp16 to −inf (ml-ane-transformers).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The decode kernel: one token through one decoder layer, reading that layer's KV cache.
 
-Inputs (declared in alphabetical order, so they bind as declared, strict §2.2), W columns wide
-(`columns`: 16 under `strict`, whose I/O widths are multiples of 16, §2.10; the token is in
-column 0 and the other columns are zeros, as Orion decodes):
+Inputs (declared in alphabetical order, the order surfaces bind in, so they bind as declared),
+W columns wide (`columns`: 16 under `strict`, whose I/O widths are multiples of 16; the token
+is in column 0 and the other columns are zeros, as Orion decodes):
 
     cos, sin  [1, 1, Dh, W]   RoPE of each column's position (Llama/Qwen3 only: they change per step)
     k_cache   [Hkv, 1, Dh, T] the layer's keys at positions 0..T-1 (post-RoPE), as the cache stores them
@@ -16,11 +16,11 @@ layout (C = Hkv·Dh, head-major), without a reshape op that would pass over the 
 Outputs: k_new and v_new `[Hkv, 1, Dh, W]` (column 0 is what the host appends at the token's
 position) and y `[1, D, 1, W]`. The cache and the position are inputs, not consts, so one program per layer
 serves every step (the compile budget is 115 per process). The declared tensors are smaller
-than the 49,152-byte minimum surface: the runtime pads the allocation (strict §2.4).
+than the 49,152-byte minimum surface: the runtime pads the allocation.
 
 The token attends to the cache and to itself. Its own key is not in the cache yet (the host
 appends it from k_new afterwards), so the softmax runs over two parts without joining them
-(no concat, strict §2.1), with one shared maximum:
+(concat is a compile-time reject), with one shared maximum:
 
     m = max(max_t s_t, s_new),  p_t = e^(s_t − m) / Z,  p_new = e^(s_new − m) / Z
     Z = Σ_t e^(s_t − m) + e^(s_new − m),  out = Σ_t p_t·v_t + p_new·v_new

@@ -72,7 +72,7 @@ def stream_scale_for(peak: float, bound: float | None = None) -> float:
     stream (or a layer's update to it) reaches `peak` (`CausalLM.stream_peak`).
 
     The o and down projections write into the stream, so their results, conv/matmul sums, must
-    stay under the accumulator's 32768 (strict §2.9), and the stream itself under fp16's 65504.
+    stay under the accumulator limit of 32768, and the stream itself under fp16's 65504.
     Dividing by S is exact (a power of two) and free: S is folded into those projections'
     weights and into eps, and every read of the stream goes through a norm, which does not see
     the scale. STREAM_PEAK leaves 8x headroom over the calibration for prompts that push
@@ -175,7 +175,7 @@ def _lin(b: GraphBuilder, x: Value, p: dict, key: str, lora: dict | None = None)
 
 
 def declare_inputs(b: GraphBuilder, shapes: dict[str, list[int]]) -> dict[str, Value]:
-    """Declare a kernel's inputs in alphabetical order, the order strict binds them in (§2.2)."""
+    """Declare a kernel's inputs in alphabetical order, the order strict binds them in."""
     return {n: b.input(n, shapes[n]) for n in sorted(shapes)}
 
 
@@ -231,7 +231,7 @@ def full_attention(b: GraphBuilder, s: LayerShape, qh: Value, kh: Value, vh: Val
     seq = qh.shape[3]
     sc = b.matmul(qh, kh, transpose_x=True, name="attn_qk")  # [Hkv,G,S,S]
     masked = b.add(sc, mask, name="attn_masked")
-    # max-shifted: the chip's own softmax overflows past a score of about 11 (peer-facts §4.9)
+    # max-shifted: the chip's own softmax overflows past a score of about 11 (pmetal; apple/coremltools#2726)
     shifted = b.sub(masked, b.reduce_max(masked, axes=[3], name="attn_max"), name="attn_shift")
     pr = b.softmax(shifted, axis=-1, name="attn_p")
     o = b.matmul(vh, pr, transpose_y=True, name="attn_pv")  # [Hkv,1,Dh,S]·[Hkv,G,S,S]ᵀ -> [Hkv,G,Dh,S]

@@ -15,8 +15,8 @@ Qwen3 fuse q, k and v into one projection, so their `qkv` slot stacks one R-row 
 per targeted role and B' holds each role's B in its rows and its block's columns (block
 diagonal); GPT-2's `c_attn` adapter is one block over the fused rows, as PEFT treats it.
 Inputs are named `lora_<slot>_a`, `_b`, `_c`: a kernel declares them with its own, sorted
-(strict §2.2 binds alphabetically). Every one of them has R along its spatial axis, and R is
-the rank rounded up to the profile's spatial multiple (16 in strict, §2.10): zero rows again.
+(surfaces bind alphabetically). Every one of them has R along its spatial axis, and R is
+the rank rounded up to the profile's spatial multiple (16 in strict): zero rows again.
 
     term = lora_term(b, x, a, bm)       # [1, out, 1, S], for any GraphBuilder: the training kernels' too
 """

@@ -3,9 +3,9 @@
 A generation kernel returns more than the next hidden state: it also returns the layer's keys
 and values, so that the KV cache can be filled in the `[1, C, 1, S]` layout the decode kernels
 read (C = Hkv·Dh channels, HF's head-major order). Several results come back as one
-multi-output program (strict §2.1 has no concat), declared in alphabetical order (`k`, `v`,
-`y`) so that the surfaces bind in that order without renaming (strict §2.2). Keys leave the
-program as heads `[Hkv, 1, Dh, S]`: the same packed bytes as `[1, C, 1, S]`, one reshape less.
+multi-output program (concat is a compile-time reject), declared in alphabetical order (`k`,
+`v`, `y`) so that the surfaces bind in that order without renaming. Keys leave the program as
+heads `[Hkv, 1, Dh, S]`: the same packed bytes as `[1, C, 1, S]`, one reshape less.
 The pieces are the layer library's (`layers.py`).
 """
 

@@ -1,6 +1,6 @@
 """The device half of a training step: ten kernel graphs shared by every layer.
 
-Per layer (issue 4; the split of maderix-ane-facts §5.1, with HF semantics and RoPE on the CPU):
+Per layer (the split of maderix/ANE's dynamic pipeline, with HF semantics and RoPE on the CPU):
 
     forward   qkv        xn                  -> q, k, v        (linear, weights Wqᵀ Wkᵀ Wvᵀ)
               sdpa_fwd   qr, kr, v           -> attn           (causal attention, no weights)
@@ -16,13 +16,13 @@ Per layer (issue 4; the split of maderix-ane-facts §5.1, with HF semantics and 
 A *layout* says what each kernel input carries along its spatial axis: activation blocks of S
 columns, then (dynamic pipeline only) weight blocks, each a matrix M `[C, OC]` whose row c sits
 in row c of the input. Every block of one input shares its channel count C, which is what
-groups the weights (maderix-ane-facts §4): forward kernels stage M = Wᵀ (`[in, out]`), the
-dx kernels M = W (`[out, in]`). A projection is y = Mᵀ·x, on the device either
+groups the weights (maderix/ANE's dynamic-weight trick): forward kernels stage M = Wᵀ
+(`[in, out]`), the dx kernels M = W (`[out, in]`). A projection is y = Mᵀ·x, on the device either
 `matmul(M, x, transpose_x)` on slices of the input (dynamic: weights are data, one compile
 serves every layer and every update) or a 1×1 conv with Mᵀ baked as a BLOBFILE const (static).
 The static graphs keep the same activation packing, so both pipelines run the same way.
 
-LoRA (issue 14; `LoraLayout`): a targeted projection adds scale·B·(A·x), with A and B always
+LoRA (`LoraLayout`): a targeted projection adds scale·B·(A·x), with A and B always
 staged as data, in both pipelines, so an adapter update or swap compiles nothing. Each
 factor is again a block M with y = Mᵀ·x: forward, the input holding x gets Aᵀ `[in, r]` and
 a second input `lora` of r channels gets (scale·B)ᵀ `[r, out]`; the dx kernels carry
@@ -36,7 +36,7 @@ x·mask/(1-p) as one more activation block (`drop_key`), which A multiplies inst
 kernel takes the masks mask/(1-p) in one more input `lora_mask` of the projection's input
 channels (`mask_key`), through which the adapter's dx term goes before it joins the base's.
 
-Inputs and outputs are declared in alphabetical order, so the `strict` binding order (§2.2)
+Inputs and outputs are declared in alphabetical order, so the `strict` binding order
 needs no renaming and the names below are the MIL names.
 """
 
@@ -74,7 +74,7 @@ class Dims:
     hd: int     # head dim
     s: int      # tokens per sequence
     gated: bool = True  # SwiGLU (Llama, Qwen3: W1, W3); False: one up projection (GPT-2, GELU on the CPU)
-    # every packed input's width rounds up to this (the profile's spatial_multiple_of, §2.10):
+    # every packed input's width rounds up to this (the profile's spatial_multiple_of):
     # the extra columns come after every block, and no kernel reads them
     width_multiple: int = 1
     act: str = "silu"  # the gate's activation in ffn_up: "silu" or "gelu_tanh" (Gemma)
@@ -342,7 +342,7 @@ def _ffn_up(k: KernelContext) -> dict[str, Value]:
     h1, h3 = k.lin("x2n", "w1"), k.lin("x2n", "w3")
     if k.m.act == "gelu_tanh":  # Gemma: GELU as x·sigmoid(2u) (strict rejects `gelu`)
         act = b.gelu_tanh(h1, name="h1_gelu", as_sigmoid=True)
-    else:  # silu as x·sigmoid(x) (CONTRACTS §2 conservative form)
+    else:  # silu as x·sigmoid(x) (the conservative form)
         act = b.mul(h1, b.sigmoid(h1, name="h1_sig"), name="h1_silu")
     return {"gate": b.mul(act, h3, name="swiglu"), "h1": h1, "h3": h3}
 

@@ -3,7 +3,7 @@
 Heads use the inference kernels' layout (`anelm.kernels.attention`): queries `[Hkv, G, hd, S]`
 (query head h = kv·G + g reads KV head kv = h // G, HF's GQA mapping), keys and values
 `[Hkv, 1, hd, S]`, broadcast over G by matmul, so GQA needs no tiling and no concat. The
-additive causal mask is a const (hardware SDPA ignores masks, strict §2.5), or with
+additive causal mask is a const (hardware SDPA ignores masks), or with
 `Dims.mask_input` an input `[1, S_q, 1, S_k]` the CPU writes per sequence (packed examples see
 only their own tokens). Inputs arrive after RoPE (RoPE and its inverse stay on the CPU).
 

@@ -1,7 +1,7 @@
 """The compile folder a MIL program runs from: `model.mil` and its blobs at the paths the MIL
-names after `@model_path/` (CONTRACTS §3). The private API compiles from such a folder, the
-emulator keeps one per program, and a kernel folder (compiler/artifact.py) is one plus its
-signature; all of them are written by `write_model_folder`.
+names after `@model_path/` (docs/architecture.md). The private API compiles from such a
+folder, the emulator keeps one per program, and a kernel folder (compiler/artifact.py) is one
+plus its signature; all of them are written by `write_model_folder`.
 
     FOLDER/model.mil          UTF-8 MIL text
     FOLDER/weights/w.bin      the blob the MIL names `@model_path/weights/w.bin`

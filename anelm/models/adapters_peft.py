@@ -1,5 +1,5 @@
 """LoRA adapters in PEFT's folder layout: what `peft.PeftModel.from_pretrained` loads, and what
-PEFT's `save_pretrained` writes (CONTRACTS §9).
+PEFT's `save_pretrained` writes (docs/fine-tuning.md).
 
     DIR/adapter_config.json        peft_type LORA, r, lora_alpha, lora_dropout, target_modules,
                                    base_model_name_or_path, task_type CAUSAL_LM, fan_in_fan_out

@@ -63,8 +63,9 @@ class Kernel:
     def __init__(self, artifact, device: Device, cache: ProgramCache | None = None,
                  float32_outputs: bool = False, warn_overflow: bool = True, read_columns: int | None = None):
         self.artifact, self.device = artifact, device
-        # CONTRACTS §8: the first fp16 overflow is named on stderr, once per kernel name; off
-        # for kernels where overflow is expected (training's dx kernels, under loss scaling)
+        # fp16 diagnostics (docs/chip-profiles.md): the first overflow is named on stderr, once
+        # per kernel name; off for kernels where overflow is expected (training's dx kernels,
+        # under loss scaling)
         self.warn_overflow = warn_overflow
         # fp16 outputs as float32 arrays of the same values: what numpy callers compute with
         # anyway, and on the emulator it skips a float16 cast each way

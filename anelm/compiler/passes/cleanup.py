@@ -150,8 +150,8 @@ def cast_fusion(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
 def cast_placement(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
     """Check (no rewrite): under `cast_only_at_boundary` a cast reads an input or is returned.
 
-    strict §2.8: computation is fp16 throughout; surfaces may be fp32, so casts belong only
-    at the function's edges.
+    The chip computes in fp16 throughout (docs/chip-profiles.md); surfaces may be fp32, so
+    casts belong only at the function's edges.
     """
     if not rule_on("cast_only_at_boundary", profile):
         return None

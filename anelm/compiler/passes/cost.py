@@ -22,7 +22,7 @@ metric is the sum of `flops`. Counting rules: matmul and conv 2·(output element
 5 per element (max, sub, exp, sum, div); reductions one per input element; other elementwise
 ops one per output element; data movement nothing. A conv or matmul whose activation comes
 from `dequantize` and whose weight from `constexpr_affine_dequantize` runs on the int8 path
-(W8A8, maderix-ane-facts §10.3); weight-only int8 still computes in fp16.
+(W8A8, the maderix README's M4 benchmark); weight-only int8 still computes in fp16.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Decomposition into the conservative forms of CONTRACTS §2 (one pass, a table of rules).
+"""Decomposition into the conservative forms every chip takes (one pass, a table of rules).
 
     gelu                          -> 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
     silu                          -> x · sigmoid(x)
@@ -8,7 +8,7 @@
     layer_norm                    -> reduce_sum × 1/N, centre, pow(var + eps, -0.5), scale, shift
     scaled_dot_product_attention  -> matmul(q, k, transpose_y) × 1/√d (+ mask) -> softmax(-1) -> matmul(·, v)
 
-The hardware ignores SDPA's attn_mask (strict §2.5), so attention is always written out.
+The hardware ignores SDPA's attn_mask, so attention is always written out.
 Each rewrite keeps the replaced node's name on its final value, so readers and returned
 names are untouched; the steps are named `<node>_<suffix>`.
 """
@@ -62,7 +62,7 @@ def _rsqrt(b: GraphBuilder, n: Node, p: str) -> Value:
     eps = float(n.params.get("epsilon", 0.0))
     if np.asarray(eps, dtype=np.float16 if x.dtype == "fp16" else np.float32) != 0:
         x = b.add(x, b.scalar(eps, x.dtype, f"{p}_eps"), name=f"{p}_xe")
-    # pow(-0.5), not rsqrt: rsqrt after a reduce fails on some chips (rustane, peer-facts 4.1)
+    # pow(-0.5), not rsqrt: rsqrt after a reduce fails on some chips (rustane)
     return b.pow(x, b.scalar(-0.5, x.dtype, f"{p}_nhalf"), name=p)
 
 
@@ -138,7 +138,7 @@ def _rewrite(graph: Graph, n: Node, rule: Rule) -> None:
 
 @register_pass("decompose")
 def decompose(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
-    """Rewrite ops into the forms every chip takes (CONTRACTS §2), e.g. silu:
+    """Rewrite ops into the forms every chip takes, e.g. silu:
 
         tensor<fp16, [1, 8, 1, 16]> y = silu(x = x)[name = string("y")];
      => tensor<fp16, [1, 8, 1, 16]> y_sig = sigmoid(x = x)[name = string("y_sig")];

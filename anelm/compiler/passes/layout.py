@@ -1,4 +1,4 @@
-"""Layout passes: conv bias, concat, I/O naming and surface sizes (strict §2.1-2.4).
+"""Layout passes: conv bias, concat, I/O naming and surface sizes (docs/chip-profiles.md).
 
 What they record for the runtime goes to `graph.meta` and from there to the Artifact meta:
   * `concat_outputs`: {"y": {"parts": ["y_p0", "y_p1"], "axis": 1}} (user-facing part names);
@@ -19,7 +19,7 @@ from ..registry import register_pass
 
 @register_pass("conv_bias_split")
 def conv_bias_split(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
-    """ANE conv takes no bias (strict §2.1): move it to an add with a [1, C, 1, 1] const.
+    """ANE conv takes no bias (a compile-time reject): move it to an add with a [1, C, 1, 1] const.
 
         tensor<fp16, [1, 32, 1, 16]> y = conv(bias = b, ..., weight = w, x = x)[name = string("y")];
      => tensor<fp16, [1, 32, 1, 16]> y_conv = conv(..., weight = w, x = x)[name = string("y_conv")];
@@ -92,7 +92,8 @@ def concat_elimination(graph: Graph, profile: ChipProfile = STRICT) -> Graph | N
     dead = []
     for n in [n for n in graph.nodes if n.op == "concat"]:
         if graph.users(n.out) or n.params.get("interleave"):
-            raise CompileError(n.name, f"concat is rejected by profile '{profile.name}' (CONTRACTS §2.1) and "
+            raise CompileError(n.name, f"concat is rejected by profile '{profile.name}' "
+                               "(see docs/chip-profiles.md) and "
                                + ("its result is read inside the program" if graph.users(n.out)
                                   else "an interleaved concat cannot be returned as parts"),
                                "keep the parts separate inside the program (apply the consumer per part, "
@@ -129,7 +130,7 @@ def _free_key(key: str, *taken: dict) -> str:
 
 @register_pass("io_naming")
 def io_naming(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
-    """Make MIL names sort in the declared order (surfaces bind alphabetically, strict §2.2).
+    """Make MIL names sort in the declared order (surfaces bind alphabetically).
 
     Returned values take their output names. When the declared order is not alphabetical,
     names get an order-preserving prefix and meta["aliases"] maps them back:
@@ -187,7 +188,7 @@ def _names_in_use(graph: Graph) -> set[str]:
 
 @register_pass("uniform_surfaces")
 def uniform_surfaces(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
-    """Annotate (no rewrite) one allocation size per direction (strict §2.3, §2.4).
+    """Annotate (no rewrite) one allocation size per direction (uniform, at least 49,152 bytes).
 
     Every input surface gets the largest input's byte size, at least `min_surface_bytes`;
     outputs likewise, judged apart. The runtime pads and writes packed data from byte 0.

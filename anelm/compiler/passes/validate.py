@@ -5,7 +5,8 @@ compile checks raise too; the rank and dimension limits and `identity` are the c
 
 Each broken constraint is a CompileError naming the node, the constraint (with where it is
 documented) and the fix. Minimum surface sizes are not checked here: they are a property of
-the allocation, which the runtime pads (strict §2.4), so small internal tensors are fine.
+the allocation, which the runtime pads to the 49,152-byte minimum, so small internal tensors
+are fine.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..registry import register_pass
 from .cleanup import cast_placement
 
 MAX_RANK = 4  # BC1S; attention uses [1, H, S, D]
-MAX_DIM = 16384  # any activation dim but channels (A13; peer-facts 4.6)
+MAX_DIM = 16384  # any activation dim but channels (A13; 65536 on A16, as published ANE projects report)
 MAX_CHANNELS = 65536  # channel extent, and any dim of a const (32000-row classifier weights compile)
 
 
@@ -46,8 +47,8 @@ def ane_validate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
 
 def _check_op(graph: Graph, n: Node, profile: ChipProfile) -> None:
     op = n.op
-    if op == "identity":  # the compiler's own rule (peer-facts 4.1): the emulator runs identity
-        raise CompileError(n.name, "identity does not compile on the ANE (peer-facts 4.1)",
+    if op == "identity":  # the compiler's own rule (aneforge's op sweep): the emulator runs identity
+        raise CompileError(n.name, "identity does not compile on the ANE (aneforge's op sweep)",
                            "run identity_elimination before validation")
     if op not in OP_TABLE:
         raise reject("op_table", n.name, profile, op=op)
@@ -84,7 +85,7 @@ def _check_value(v: Value, node: str, const: bool) -> None:
         limit = MAX_CHANNELS if const or (len(shape) == 4 and i == 1) else MAX_DIM
         if d > limit:
             what = "channel" if limit == MAX_CHANNELS else "dimension"
-            raise CompileError(node, f"'{v.name}' {what} {i} is {d}, above the limit {limit} (peer-facts 4.6)",
+            raise CompileError(node, f"'{v.name}' {what} {i} is {d}, above the ANE's limit {limit}",
                                "split the tensor along that axis into several ops or programs")
 
 
@@ -102,7 +103,7 @@ def sram_estimate(graph: Graph, profile: ChipProfile = STRICT) -> Graph | None:
     """Annotate (no rewrite) meta["sram"]: weights bytes + the largest live activation set.
 
     Past SRAM_BYTES (the measured working-set threshold, anelm/data/ane_chips.json) time per
-    FLOP climbs, about 30 % (peer-facts 4.6, 4.9): a warning, recorded in meta["warnings"].
+    FLOP climbs, about 30 % (libane, Orion): a warning, recorded in meta["warnings"].
     """
     weights = resident_weight_bytes(graph)
     acts = _peak_live_bytes(graph)

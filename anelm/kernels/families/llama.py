@@ -21,7 +21,7 @@ class LlamaFamily(Family):
                                    "up": ("w3",), "down": ("w2",)})
 
     def mlp(self, b: GraphBuilder, h: Value, lin) -> Value:
-        """SwiGLU: down(silu(gate·h) ⊙ up·h), silu as x·sigmoid(x) (CONTRACTS §2 conservative form)."""
+        """SwiGLU: down(silu(gate·h) ⊙ up·h), silu as x·sigmoid(x) (the conservative form every chip takes)."""
         g = lin(h, "gate")
         act = b.mul(g, b.sigmoid(g, name="mlp_sig"), name="mlp_silu")
         return lin(b.mul(act, lin(h, "up"), name="mlp_prod"), "down")
