@@ -1,4 +1,4 @@
-"""`--save-baseline FILE` and `--baseline FILE` (CONTRACTS §11).
+"""`--save-baseline FILE` and `--baseline FILE` (docs/benchmarks.md).
 
 Every numeric key ending in `_ms` (lower is better) or `_per_s` (higher is better), at any depth
 of the printed object (nested keys are joined with dots; lists are skipped), is compared. A
@@ -15,7 +15,7 @@ the rate is 100 % worse, as twice the milliseconds are):
                     code moves it as much as the wall clock: twice the CPU time fails
     emulator_*      400 %: the same runs by the wall clock, for a person to read: they took up
                     to 3x (train step) and 4.5x (decode), and single runs of a busy afternoon
-                    1.5-2.6x (issue 28), so only a change past 5x shows here
+                    1.5-2.6x, so only a change past 5x shows here
     measured_*      10 %: repeated ANE runs (maderix's 20-step table and its README differ by ~20 %
                     between sessions; one session's runs agree far better)
 """

@@ -43,7 +43,7 @@ def predict_generate(config, chip: Chip, prompt_tokens: int = 32, position: int 
 def predict_orion_decode(chip: Chip, layers: int = 12, d: int = 768, vocab: int = 50257,
                          context: int = 64) -> float:
     """Orion's GPT-2 decode, seconds per token: two programs per layer on the device; attention
-    over `context` positions, Wo and the logits on the CPU in fp32 (orion-facts §3)."""
+    over `context` positions, Wo and the logits on the CPU in fp32 (decode_ane.m in mechramc/Orion)."""
     device = sum(eval_time(k, chip).total_s + k.io_bytes / 4 * 8 / chip.cpu_vector_bytes_per_s  # fp32 I/O
                  for k in orion_decode_programs(d))
     attention = (2 * 2 * context * d * 4 + d * d * 4) / chip.cpu_dram_bytes_per_s  # K, V reads; Wo

@@ -1,8 +1,8 @@
-"""maderix's dynamic training kernels as they are (maderix-ane-facts §4, §5.1), built as graphs.
+"""maderix's dynamic training kernels as they are (maderix/ANE, training/training_dynamic/), built as graphs.
 
 The end-to-end figures of maderix's dynamic pipeline are predicted for its own ten programs,
 not ours: the same packing (one fp16 input `[1, IC, 1, S + Σ OC]`, weights in the columns after
-the activations), the same in-kernel work (the "dynamic matmul" of §4 with its reshapes and
+the activations), the same in-kernel work (maderix's "dynamic matmul" with its reshapes and
 transposes, RoPE on Q and K, the GQA tile of K and V by a head concat, the causal mask,
 softmax, the concat of every output on the channel axis) and the same outputs. The weights of
 each kernel are data, so one compile serves every layer; the shapes are the model's.
@@ -29,9 +29,10 @@ import numpy as np
 from ..chip.profile import STRICT
 from ..ir.builder import GraphBuilder
 
-# maderix's programs run on the in-memory path, where concat compiles (maderix-ane-facts §2.3;
-# peer-facts §4.1); the strict profile rejects it, so these compile under a profile that allows it,
-# and with the widths those measured programs ran at (ANEForge's row reductions return 1 column)
+# maderix's programs run on the in-memory path, where concat compiles (maderix's MIL emits it, and
+# ANEForge's MIL vocabulary sweep finds it reachable and correct); the strict profile rejects it,
+# so these compile under a profile that allows it, and with the widths those measured programs ran
+# at (ANEForge's row reductions return 1 column)
 IN_MEMORY = replace(STRICT, name="in-memory", rejected_ops=(), spatial_multiple_of=1)
 FORWARD = ("sdpaFwd", "woFwd", "ffnFused")
 BACKWARD = ("ffnBwdW2t", "ffnBwdW13t", "wotBwd", "sdpaBwd1", "sdpaBwd2", "qBwd", "kvBwd")
@@ -39,7 +40,7 @@ KERNELS = FORWARD + BACKWARD
 
 
 def _dyn_matmul(b, x, ic: int, s: int, act_col: int, w_col: int, oc: int, name: str):
-    """y `[1, OC, 1, S]` = Wᵀ·act for W `[IC, OC]` packed beside act in x (§4 steps 1-6)."""
+    """y `[1, OC, 1, S]` = Wᵀ·act for W `[IC, OC]` packed beside act in x (maderix's dynamic matmul)."""
     act = b.slice_by_size(x, [0, 0, 0, act_col], [1, ic, 1, s], name=f"{name}_a")
     return times_packed_weight(b, act, x, ic, s, w_col, oc, name)
 
@@ -64,7 +65,7 @@ def _flat(b, x, h: int, hd: int, s: int, name: str):
 
 
 def _rope(b, x, cos, sin, h: int, hd: int, s: int, name: str):
-    """out = x·cos + rotate_half(x)·sin on adjacent pairs (§5.3): reshape, slice, negate, concat."""
+    """out = x·cos + rotate_half(x)·sin on adjacent pairs (maderix's train.m): reshape, slice, negate, concat."""
     pairs = b.reshape(x, [1, h, s * hd // 2, 2], name=f"{name}_p")
     even = b.slice_by_size(pairs, [0, 0, 0, 0], [1, h, s * hd // 2, 1], name=f"{name}_e")
     odd = b.slice_by_size(pairs, [0, 0, 0, 1], [1, h, s * hd // 2, 1], name=f"{name}_o")
@@ -74,7 +75,8 @@ def _rope(b, x, cos, sin, h: int, hd: int, s: int, name: str):
 
 
 def _tile(b, x, ratio: int, name: str):
-    """GQA: the whole K (or V) block repeated `ratio` times along the head axis (§5.4)."""
+    """GQA: the whole K (or V) block repeated `ratio` times along the head axis, as maderix's
+    kernel tiles it."""
     return x if ratio == 1 else b.concat([x] * ratio, axis=1, name=name)
 
 
@@ -91,7 +93,7 @@ def _consts(b, s: int, hd: int):
 
 
 def packed_input(b, shape, io_dtype: str = "fp16"):
-    """The one input `x`; an fp32 surface is cast to fp16 on entry (maderix-ane-facts §1.3)."""
+    """The one input `x`; an fp32 surface is cast to fp16 on entry, as in maderix's benchmarks."""
     x = b.input("x", shape, io_dtype)
     return x if io_dtype == "fp16" else b.cast(x, "fp16", name="x16")
 
@@ -175,8 +177,8 @@ def build(kind: str, d: int, f: int, hq: int, hkv: int, hd: int, s: int, layers:
 
 def io_elements(kind: str, d: int, f: int, hq: int, hkv: int, hd: int, s: int) -> tuple[int, int, int]:
     """(activation elements the host writes, result elements it reads, weight elements staged)
-    per evaluation. sdpaBwd1's probs and dp reach sdpaBwd2 by a surface-to-surface copy (§5.1),
-    counted as written there; Q and K_tiled are written from the CPU into both."""
+    per evaluation. sdpaBwd1's probs and dp reach sdpaBwd2 by a surface-to-surface copy (maderix's
+    train.m), counted as written there; Q and K_tiled are written from the CPU into both."""
     q, kv, sc = hq * hd, hkv * hd, hq * s
     table = {"sdpaFwd": (d * s, (2 * q + 2 * kv + d) * s, d * (q + 2 * kv)),
              "woFwd": (q * s, d * s, q * d), "ffnFused": (2 * d * s, (d + 3 * f) * s, 3 * d * f),

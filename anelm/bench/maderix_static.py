@@ -1,5 +1,5 @@
-"""The six baked programs per layer of maderix's static pipeline (train_large; maderix-ane-facts
-§5.5), which Orion's Stories trainer runs too (orion-facts §2, §5), built as graphs.
+"""The six baked programs per layer of maderix's static pipeline (maderix/ANE training/stories_mil.h,
+train_large.m), which Orion's Stories trainer runs too (mechramc/Orion kernels/training/), built as graphs.
 
 Weights are conv consts (1×1 conv on `[1, C, 1, S]`), so every layer is its own compile; the
 RMSNorms of the forward, the SwiGLU backward and Woᵀ run inside the programs, and there is no

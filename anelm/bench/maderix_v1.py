@@ -1,6 +1,6 @@
 """maderix's first dynamic pipeline, the program its published step breakdown was timed on
 (maderix/ANE training/training_dynamic/train.m at 60b0512: 110 ms/step and the breakdown ane_fwd
-21, ane_bwd 28, io_fwd 12, io_bwd 15, silu 10, cls 13, rms 5 ms; maderix-ane-facts §5.1, §10.1).
+21, ane_bwd 28, io_fwd 12, io_bwd 15, silu 10, cls 13, rms 5 ms, from that version's commit message).
 
 It differs from the pipeline at HEAD (bench/maderix.py) where the breakdown's parts feel it:
 nine kernels (Wo inside sdpaFwd, the FFN forward split in two, one qkvBwd, no RoPE), fp32

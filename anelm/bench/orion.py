@@ -1,5 +1,5 @@
 """What Orion's Stories trainer moves between its CPU arrays and the surfaces, counted from its
-source (Orion:kernels/training/stories_train.m, orion_train_step; orion-facts §0, §5).
+source (mechramc/Orion, kernels/training/stories_train.m, orion_train_step).
 
 Orion keeps activations `[S, C]` row-major on the CPU, so every tensor that crosses a surface
 goes through `io_write_transpose` / `io_read_transpose`: an fp32<->fp16 conversion of the whole

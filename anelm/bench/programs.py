@@ -183,7 +183,8 @@ def _rows(dims, kind: str, role: str) -> int:
 
 def decode_program(config, tier: int) -> KernelCost:
     """One layer's decode program over a cache tier (anelm/kernels/decode.py), the token padded
-    to strict's 16 columns as the chip runs it (§2.10)."""
+    to the 16-column spatial multiple of the strict profile
+    (docs/chip-profiles.md), as the chip runs it."""
     from ..chip.profile import STRICT
     from ..models.names import random_layer
     from ..kernels.decode import decode_layer
@@ -206,8 +207,9 @@ def prefill_program(config, bucket: int) -> KernelCost:
 
 
 def orion_decode_programs(d: int = 768, hidden: int = 3072, columns: int = 16) -> list[KernelCost]:
-    """Orion's two decode programs per GPT-2 layer (orion-facts §2): LN1 + q/k/v projections,
-    and LN2 + MLP + residual, fp32 I/O on `[1, D, 1, 16]`; attention and Wo run on its CPU."""
+    """Orion's two decode programs per GPT-2 layer (mechramc/Orion compiler/frontends/): LN1 +
+    q/k/v projections, and LN2 + MLP + residual, fp32 I/O on `[1, D, 1, 16]`; attention and Wo run
+    on its CPU."""
     rng = np.random.default_rng(0)
 
     def lin(o, i):

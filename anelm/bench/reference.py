@@ -1,8 +1,9 @@
 """The published programs as reference configurations, and `anelm bench validate`.
 
 The end-to-end figures were measured on other programs than our presets, so each is predicted
-for a configuration that describes the published program (maderix-ane-facts §5-8, orion-facts
-§5): its shapes, its batch and accumulation, the CPU work it does, and what its ms/step counts.
+for a configuration that describes the published program (maderix/ANE's training/ and
+mechramc/Orion's kernels/training/): its shapes, its batch and accumulation, the CPU work it does,
+and what its ms/step counts.
 maderix's dynamic pipeline runs its own ten kernels as they are (bench/maderix.py), its first
 dynamic version, on which the published breakdown was timed, its nine (bench/maderix_v1.py), its
 static pipeline and Orion their six baked ones (bench/maderix_static.py), Orion with the CPU side
@@ -36,7 +37,8 @@ def _stories(ctx: int = 256) -> dict:
 
 
 def _maderix_qwen3() -> dict:
-    """Qwen3-0.6B shapes only: no q/k norm, θ 10000, a Llama layer (maderix-ane-facts §5.4)."""
+    """Qwen3-0.6B shapes only: no q/k norm, θ 10000, a Llama layer (maderix/ANE's Qwen3
+    configuration in training/training_dynamic/)."""
     c = get_preset("qwen3-0.6b")
     return {**c, "model_type": "llama", "rope_theta": 10000.0, "max_position_embeddings": 256}
 

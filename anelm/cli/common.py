@@ -50,7 +50,7 @@ def check_before_loading(args, device: bool = True) -> None:
 
 
 def add_distributed_args(p: argparse.ArgumentParser) -> None:
-    """Data-parallel training flags (CONTRACTS §12), shared by train and finetune."""
+    """Data-parallel training flags (docs/distributed.md), shared by train and finetune."""
     p.add_argument("--distributed", action="store_true",
                    help="one rank of a data-parallel job (torchrun, or RANK, WORLD_SIZE, MASTER_ADDR, "
                         "MASTER_PORT set by another launcher); needs pip install 'anelm[distributed]'")

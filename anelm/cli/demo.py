@@ -13,7 +13,7 @@ import numpy as np
 
 from .common import add_device_args, device_from_args, positive_int
 
-TOLERANCE = 2e-2  # CONTRACTS §6, a transformer block
+TOLERANCE = 2e-2  # a transformer block's tolerance (docs/testing.md)
 
 
 def add_args(p):

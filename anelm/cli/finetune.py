@@ -5,8 +5,9 @@
     anelm finetune --out runs/notes --resume        # continue (killed or finished)
     anelm generate --model smollm2.gguf --adapter runs/notes/adapter --prompt "..."
 
-The run folder is a train run (CONTRACTS §4) plus RUN/adapter/ in PEFT's layout (§9), written
-with each checkpoint; checkpoints hold the adapters and their optimizer state, not the base.
+The run folder is a train run (docs/training.md) plus RUN/adapter/ in PEFT's layout
+(docs/fine-tuning.md), written with each checkpoint; checkpoints hold the adapters and their
+optimizer state, not the base.
 """
 
 from __future__ import annotations

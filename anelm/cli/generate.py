@@ -1,4 +1,4 @@
-"""`anelm generate`: text from an HF folder, a llama2.c `.bin` or a RUN folder (CONTRACTS §5).
+"""`anelm generate`: text from an HF folder, a llama2.c `.bin` or a RUN folder (docs/models.md).
 
 Tokens stream to stdout as they are produced; with `--json`, stdout is one JSON line instead.
 Notices (model, device, speed) go to stderr.

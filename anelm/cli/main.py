@@ -49,7 +49,7 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
     """The whole CLI's parser; only the subcommands in `commands` (default: all) get their
     options, which imports their modules: `main` builds the one it runs, so `anelm --help`
     and each command import only what they use (all of them together took ~1.8 s)."""
-    # allow_abbrev=False: `--max` is an unknown option, not a guess at `--max-tokens` (CONTRACTS §1)
+    # allow_abbrev=False: `--max` is an unknown option, not a guess at `--max-tokens`
     p = _Parser(prog="anelm", description="Train and run language models on the Apple Neural Engine.",
                 allow_abbrev=False)
     from .. import __version__

@@ -1,10 +1,10 @@
-"""`anelm perplexity`: teacher-forced perplexity of a text file under a model (CONTRACTS §7).
+"""`anelm perplexity`: teacher-forced perplexity of a text file under a model (docs/models.md).
 
 Without `--json` it prints `perplexity P (nll X nats over N predictions)`; with `--json`, one
 JSON line with the evaluated ids and every window's argmax choices, which is what a comparison
 against another implementation (HF transformers, a quantized or fine-tuned model) needs.
 
-A `.jsonl` file is instruction data (CONTRACTS §14): each record is scored on its own and only
+A `.jsonl` file is instruction data (docs/fine-tuning.md): each record is scored on its own and only
 its counted tokens (the answer, the completion; all of them with --train-on-prompt) add; `--json`
 adds `"records"`, one `{"line", "tokens", "predictions", "nll"}` per record.
 """

@@ -1,5 +1,5 @@
 """`anelm quantize --model PATH --out DIR [--scheme w8|w8a8|w4|lut4|lut6] [--block-size N]
-[--group-size N] [--data FILE] [--calib-tokens 4096]` (CONTRACTS §10): int8 weights per output
+[--group-size N] [--data FILE] [--calib-tokens 4096]` (docs/quantization.md): int8 weights per output
 channel (W8), or also int8 activations at static per-tensor scales calibrated on --data (W8A8),
 or 4-bit weights in blocks along the inputs with fp16 scales and offsets (W4; a GGUF's own
 Q4_0/Q4_1 blocks at block size 32), or palettized weights, 4- or 6-bit indices into k-means

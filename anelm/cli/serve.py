@@ -1,4 +1,4 @@
-"""`anelm serve`: an OpenAI-compatible server for one model (CONTRACTS §15).
+"""`anelm serve`: an OpenAI-compatible server for one model (docs/serving.md).
 
     anelm serve --model smollm2.gguf                      # http://127.0.0.1:8080/v1
     anelm serve --model RUN --adapter RUN/best --port 9000 --api-key secret

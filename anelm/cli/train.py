@@ -6,7 +6,7 @@
     anelm train --init-from ~/models/SmolLM-135M --data notes.txt --steps 200
     torchrun --nproc-per-node 2 -m anelm train --distributed --out runs/dp   # data-parallel
 
-The run folder (CONTRACTS §4) gets config.json, the tokenizer, metrics.jsonl, loss.png and
+The run folder (docs/training.md) gets config.json, the tokenizer, metrics.jsonl, loss.png and
 checkpoints. Progress and notices go to stderr; the sample generated at the end goes to stdout.
 """
 
@@ -182,7 +182,7 @@ def _reexec(setup, args: argparse.Namespace) -> None:
     if args.profile:
         spec = os.path.abspath(args.profile) if os.path.exists(args.profile) else args.profile
         argv.append(f"--profile={spec}")
-        os.environ["ANELM_PROFILE"] = spec  # CONTRACTS §2: the env var carries it too
+        os.environ["ANELM_PROFILE"] = spec  # a profile survives the restart: the env var carries it too
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, argv)

@@ -1,7 +1,7 @@
 """`anelm doctor`'s conformance suite: small MIL programs that pin down what a chip does.
 
 Each probe is MIL text written here with a float64 numpy reference and a tolerance
-(CONTRACTS §6), run through the Device interface with the surfaces it asks for. Graded:
+(docs/testing.md), run through the Device interface with the surfaces it asks for. Graded:
 1 single ops, 2 binding order and surface sizes, 3 compile rejects and semantics the
 references disagree on, 4 transformer kernels, 5 the compile budget (child process only).
 

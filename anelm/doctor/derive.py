@@ -168,7 +168,8 @@ def _accumulator(out: dict, settle, anomalies: dict) -> None:
 
 def _int8(out: dict, settle, anomalies: dict) -> None:
     """quantize_rounding from the ties probe. The int8 accumulator has no switch (int32 by every
-    source, CONTRACTS §2.9): a limited reading that saturating activations do not explain is odd."""
+    source, exempt from the fp16 accumulator limit of 32768): a limited reading that saturating
+    activations do not explain is odd."""
     if out.get(ROUNDING) in MODES:
         settle("quantize_rounding", out[ROUNDING])
     acc = out.get(ACCUM)

@@ -27,9 +27,9 @@ from ..chip.surfaces import surface_sizes
 from ..errors import AnelmError
 from ..mil.program import NUMPY_DTYPES
 
-MIN_BYTES = STRICT.min_surface_bytes  # strict §2.4: every probe not about sizes stays at or above it
+MIN_BYTES = STRICT.min_surface_bytes  # the 49,152-byte minimum surface: probes not about sizes keep to it
 PAD_BYTE = 0x5A  # padding and untouched outputs read as fp16 203.25: never a plausible result
-# CONTRACTS §6 tolerances, relative to max|ref|
+# the tolerances of docs/testing.md, relative to max|ref|
 ELEMENTWISE, REDUCTION, BLOCK = 2e-3, 1e-2, 2e-2
 
 

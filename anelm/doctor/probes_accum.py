@@ -1,4 +1,5 @@
-"""Grade 3: the conv/matmul accumulator, its limit and its precision (CONTRACTS §2 item 9).
+"""Grade 3: the conv/matmul accumulator, its limit (32768 in the strict profile) and its precision
+(docs/chip-profiles.md).
 
 The sources agree that conv/matmul results at |x| >= 32768 are inf on M1, A14, M4 and M6 and
 disagree on the precision (an fp32-class accumulator, or Q15.16 fixed point) and on M5, so every

@@ -1,4 +1,4 @@
-"""Grade 3: the int8 path (CONTRACTS §10, peer-facts §4.9), in the W8A8 form our compiler emits.
+"""Grade 3: the int8 path (docs/quantization.md), in the W8A8 form our compiler emits.
 
     int8.quantize_rounding  quantize of exact ties (x/s = k + 1/2) and of values past the int8
                             range: half to even or half away from zero, and saturation

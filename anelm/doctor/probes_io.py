@@ -1,4 +1,6 @@
-"""Grade 2: how surfaces bind and how big they must be (strict §2.2-2.4 and the peer switches).
+"""Grade 2: how surfaces bind and how big they must be: the strict profile's alphabetical surface
+binding, uniform surface sizes and 49,152-byte minimum surface, and the peer switches
+(docs/chip-profiles.md).
 
 Binding order is read off the numbers: inputs get distinct data and the program weighs
 them differently, so exactly one assignment of surfaces to names reproduces the output.

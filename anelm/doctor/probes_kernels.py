@@ -1,8 +1,8 @@
-"""Grade 4: transformer kernels in the conservative forms our compiler emits (CONTRACTS §2).
+"""Grade 4: transformer kernels in the conservative forms our compiler emits (docs/chip-profiles.md).
 
 RMSNorm as reduce_sum × 1/C and pow(x, -0.5); causal attention decomposed into matmul,
 scale, additive mask and softmax (SDPA's mask is not trusted); SwiGLU as three 1×1 convs with
-silu written x·sigmoid(x). Tolerance: a transformer block's 2e-2 (CONTRACTS §6).
+silu written x·sigmoid(x). Tolerance: a transformer block's 2e-2 (docs/testing.md).
 """
 
 from __future__ import annotations

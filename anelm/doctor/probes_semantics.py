@@ -1,4 +1,6 @@
-"""Grade 3: what the compiler refuses and what the chip computes (strict §2.1, §2.5-2.8).
+"""Grade 3: what the compiler refuses and what the chip computes: the strict profile's compile-time
+rejects, SDPA ignoring its mask, weights read at compile and fp16 computation
+(docs/chip-profiles.md).
 
 The references disagree here (SDPA masks, reloading rewritten weights, multi-chunk blobs,
 saturation), so each probe reads the behaviour off the numbers rather than assuming it.

@@ -26,7 +26,7 @@ def notice(msg: str) -> None:
 
 
 def load_parts(model: str | Path, tokenizer: str | Path | None = None) -> tuple[Any, Any, Any]:
-    """(config, weights, tokenizer) of a model path (CONTRACTS §5); `tokenizer` overrides the model's."""
+    """(config, weights, tokenizer) of a model path (docs/models.md); `tokenizer` overrides the model's."""
     from ..models.errors import TokenizerError
     from ..models.loading import load_model
 
@@ -157,8 +157,8 @@ class Engine:
 def load_engine(model: str | Path, *, tokenizer: str | Path | None = None, adapter: str | Path | None = None,
                 device: str = "auto", profile: str | Path | None = None, max_context: int | None = None,
                 model_id: str | None = None, notice: Callable[[str], None] = notice) -> Engine:
-    """Load `model` (CONTRACTS §5) and start its runner; `model_id` defaults to the model file's
-    or folder's base name (CONTRACTS §15)."""
+    """Load `model` (docs/models.md) and start its runner; `model_id` defaults to the model
+    file's or folder's base name (docs/serving.md)."""
     defaults = generation_defaults(model)  # a broken file fails before the model loads
     config, weights, tok = load_parts(model, tokenizer)
     runner = start_runner(model, config, weights, adapter=adapter, device=device, profile=profile,

@@ -1,4 +1,4 @@
-"""Teacher-forced scoring of a text (CONTRACTS §7): what tells whether a model, a quantization
+"""Teacher-forced scoring of a text (docs/models.md): what tells whether a model, a quantization
 or a fine-tune is right.
 
     score = perplexity(runner, ids, seq_len=512)
@@ -9,7 +9,7 @@ empty cache (one prefill, logits at every position), so a window never sees the 
 as in HF's and llama.cpp's fixed-window perplexity. A last window shorter than 2 tokens has
 nothing to predict and is dropped.
 
-Instruction data (CONTRACTS §14) is scored record by record, each from an empty cache, in the
+Instruction data (docs/fine-tuning.md) is scored record by record, each from an empty cache, in the
 same windows, counting only the targets a mask marks (an answer, a completion):
 
     score = score_records(runner, [(line, ids, counted), ...], seq_len=512)

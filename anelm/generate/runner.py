@@ -43,7 +43,7 @@ class Runner(Protocol):
     def set_adapter(self, adapter: Any) -> None:
         """Run with LoRA `adapter` (`anelm.models.adapters.Adapter`) from now on; None runs the
         base alone. The base weights stay as they are and nothing is compiled: a device runner
-        restages its kernels' adapter inputs (CONTRACTS §9). An adapter that does not fit the
+        restages its kernels' adapter inputs (docs/fine-tuning.md). An adapter that does not fit the
         base (or the device runner's adapter slots) raises AdapterError."""
         ...
 

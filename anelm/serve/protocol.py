@@ -1,4 +1,4 @@
-"""The OpenAI API's request and response objects, checked and built (CONTRACTS §15).
+"""The OpenAI API's request and response objects, checked and built (docs/serving.md).
 
     req = parse_chat(body, model_id)          # or parse_completion; ApiError names the bad field
     req.messages / req.prompt, req.sampling   # sampling: `SamplingOptions` keywords

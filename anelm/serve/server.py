@@ -1,4 +1,4 @@
-"""The HTTP layer of `anelm serve` (CONTRACTS §15): the standard library's threading HTTP server.
+"""The HTTP layer of `anelm serve` (docs/serving.md): the standard library's threading HTTP server.
 
     server = make_server(worker, model_id, host="127.0.0.1", port=8080, api_key=None)
     server.serve_forever()

@@ -1,4 +1,4 @@
-"""Checkpoints: `RUN/checkpoints/step-000123.safetensors` (CONTRACTS §4).
+"""Checkpoints: `RUN/checkpoints/step-000123.safetensors` (docs/training.md).
 
 One safetensors file holds the weights under their HF names, the AdamW moments under
 `optimizer.exp_avg.<name>` / `optimizer.exp_avg_sq.<name>`, and as metadata (JSON strings)

@@ -1,4 +1,4 @@
-"""Data-parallel training across processes and machines (CONTRACTS §12), on torch.distributed.
+"""Data-parallel training across processes and machines (docs/distributed.md), on torch.distributed.
 
     torchrun --nproc-per-node 2 -m anelm train --distributed ...     (or any launcher that sets
     RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and runs `anelm train --distributed` per rank)

@@ -1,4 +1,5 @@
-"""The training data of a run: instruction examples from JSONL, or token windows from text (CONTRACTS §14).
+"""The training data of a run: instruction examples from JSONL, or token windows from text
+(docs/fine-tuning.md).
 
     data = load_data(args.data, args.seq_len, valid_data=..., train_on_prompt=..., tokenizer=tok, ...)
     batcher, evals = data.batches(args, shard)      # both kinds answer the trainer alike

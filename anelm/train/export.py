@@ -9,7 +9,7 @@
     DIR/generation_config.json   BOS/EOS ids
 
 `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads it. For a finetune RUN (one
-with `adapter/`, CONTRACTS §9) DIR is the PEFT adapter folder instead, which
+with `adapter/`, docs/fine-tuning.md) DIR is the PEFT adapter folder instead, which
 `peft.PeftModel.from_pretrained(base, DIR)` loads; `merge=True` writes the whole HF folder
 above with the adapter folded into the base's weights (W += alpha/r · B·A). The folder is built in a
 temporary sibling and renamed into place, so an interrupted export leaves no half folder;

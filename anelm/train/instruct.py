@@ -1,4 +1,4 @@
-"""Instruction data (CONTRACTS §14): JSONL records to token examples with the targets that count.
+"""Instruction data (docs/fine-tuning.md): JSONL records to token examples with the targets that count.
 
     shape, examples = load_examples(Path("train.jsonl"), tok)
     examples[0].ids, examples[0].counted   # int64 [L], bool [L]

@@ -9,7 +9,8 @@
 for every layer), the per-evaluation flop counts, and `run`, which writes the activation
 columns of each packed input and evaluates. Inputs written by columns stay staged in the
 request, so the dynamic pipeline writes a layer's weights once per optimizer update and only
-the S activation columns per evaluation (maderix-ane-facts §4).
+the S activation columns per evaluation (maderix/ANE's dynamic-weight trick,
+training/training_dynamic/).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from ..runtime.kernel import Kernel, Request
 
 
 # The backward kernels: their overflow is what dynamic loss scaling expects (the scaler skips
-# the step and lowers the scale), so it is not warned per kernel (CONTRACTS §8).
+# the step and lowers the scale), so it is not warned per kernel (fp16 overflow
+# warnings, docs/chip-profiles.md).
 DX_KINDS = frozenset(BACKWARD) | {"sdpa_bwd"}
 
 

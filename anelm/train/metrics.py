@@ -1,6 +1,6 @@
 """What a run reports: `metrics.jsonl`, `loss.png`, and the progress bar on stderr.
 
-`metrics.jsonl` (CONTRACTS §4) has one JSON object per line: a step record per optimizer step,
+`metrics.jsonl` (docs/training.md) has one JSON object per line: a step record per optimizer step,
 `{"step", "loss", "lr", "loss_scale", "tokens_per_s", "device", "device_flops", "cpu_flops",
 ...}`, and eval records `{"step", "eval_loss"}`, which never use the key `loss` so a reader can
 tell the two apart by keys alone. Non-finite numbers are written as null (JSON has no NaN).
@@ -88,7 +88,7 @@ class MetricsLog:
 
 class NullLog(MetricsLog):
     """The records of a rank other than 0 in data-parallel training: built, never written
-    (rank 0 alone writes metrics.jsonl, CONTRACTS §12)."""
+    (rank 0 alone writes metrics.jsonl, docs/distributed.md)."""
 
     def __init__(self):
         pass

@@ -1,4 +1,4 @@
-"""Sequences and batches from instruction examples (CONTRACTS §14).
+"""Sequences and batches from instruction examples (docs/fine-tuning.md).
 
     examples, cut = fit(examples, seq_len)           # a notice says how many were cut
     batcher = ExampleBatcher(examples, batch_size, seq_len, seed, shard=(rank, world))

@@ -3,10 +3,10 @@
 The same eight weighted computations as the dynamic pipeline (`anelm/kernels/training.py`), but the weight
 blocks are 1×1 conv consts, so there is one compiled program per (kernel, layer) and a weight
 update has to reach the device again:
-- `strict` reads weights when a program is compiled (`reload_reads_new_weights = false`,
-  CONTRACTS §2.6), so every update recompiles all 8·L programs: `compiles_per_update = 8·L`.
+- `strict` reads weights when a program is compiled (`reload_reads_new_weights = false`;
+  docs/chip-profiles.md), so every update recompiles all 8·L programs: `compiles_per_update = 8·L`.
   The trainer compares `compile_count() + compiles_per_update` with the profile's budget (115
-  cold compiles in `strict`, §2.7) and restarts itself (checkpoint + `os.execv`) before a
+  cold compiles in `strict`) and restarts itself (checkpoint + `os.execv`) before a
   compile would raise: a 2-layer model (16 per update) restarts about every 6 updates,
   a 12-layer one (96 per update) before every update.
 - a profile whose reloads read rewritten blobs gets the cheaper path: the new blobs are

@@ -1,4 +1,4 @@
-"""Where the classifier runs (`--head-on`, CONTRACTS §16), and what each place costs on a chip.
+"""Where the classifier runs (`--head-on`, docs/training.md), and what each place costs on a chip.
 
 The classifier with its loss is the largest single piece of a step's CPU work (Stories110M:
 a 32000 × 768 head, 35 ms of a predicted 133 ms micro-step on the M4; Qwen3-0.6B's 151,936 rows:

@@ -1,4 +1,4 @@
-"""Model presets for `anelm train --preset`, as HF `config.json` dicts (CONTRACTS §4).
+"""Model presets for `anelm train --preset`, as HF `config.json` dicts (docs/training.md).
 
 The stories* shapes are llama2.c's TinyStories models (vocab 32000 Llama-2 SentencePiece,
 SwiGLU hidden = 2/3·4·dim rounded up to a multiple of 32, eps 1e-5, shared classifier, and

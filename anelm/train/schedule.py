@@ -1,4 +1,4 @@
-"""Learning-rate schedule: linear warmup, then cosine decay to a floor (CONTRACTS §4).
+"""Learning-rate schedule: linear warmup, then cosine decay to a floor (docs/training.md).
 
 Both phases scale with the total number of optimizer steps, so `--steps 100` and
 `--steps 10000` trace the same curve. Steps are 0-based optimizer steps: `lr(0)` is the rate

@@ -1,4 +1,5 @@
-"""The eval loss over a whole validation set, the best checkpoint, and early stopping (CONTRACTS §14).
+"""The eval loss over a whole validation set, the best checkpoint, and early stopping
+(docs/fine-tuning.md).
 
     v = Validation(batches, sync, patience=3, write_best=writer, run=RUN)
     loss = v.evaluate(step_device)        # token-weighted over every batch, every rank
