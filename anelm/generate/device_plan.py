@@ -8,11 +8,11 @@ layers cannot share one), lazily, the first time a size is needed:
     decode tiers     D: a token at position p reads a cache input of the smallest tier > p
 
 Both are I/O widths, so each is a multiple of the profile's `spatial_multiple_of` (16 in
-`strict`, §2.10: every ladder below already is; a context that is not gets a last tier rounded
+`strict`, docs/chip-profiles.md: every ladder below already is; a context that is not gets a last tier rounded
 up, its extra positions masked like any unused slot). A process that uses every size compiles
 L × (|P| + |D|) programs, and one generation
 compiles L × (prefill buckets used + decode tiers used). The budget is 115 cold compiles per
-process in `strict` (§2.7: libane stops there; the private compiler fails silently, then
+process in `strict` (docs/chip-profiles.md; libane stops there; the private compiler fails silently, then
 crashes, near 119), of which RESERVE are left to whatever else the process compiles:
 
     L × (|P| + |D|) <= budget − RESERVE

@@ -1,4 +1,5 @@
-"""A LoRA fine-tuning run (`anelm finetune`): a train run (§4) whose trained tensors are adapters.
+"""A LoRA fine-tuning run (`anelm finetune`): a train run (docs/training.md) whose trained tensors are
+adapters.
 
     setup = prepare_finetune(explicit, lora, out, resume)   # explicit: TrainSettings flags
     trainer = Trainer(setup, device, step_factory=step_factory(setup), after_save=adapter_writer(setup))

@@ -71,7 +71,7 @@ class DeviceTrainStep(StepHead):
         self.cfg, self.pipeline = config, pipeline
         self.dims = Dims.from_config(config, seq_len)
         # The kernels' sequence is S rounded up to the profile's spatial multiple (16 in strict,
-        # §2.10). The padding columns are zeros in every kernel input and come after every real
+        # docs/chip-profiles.md). The padding columns are zeros in every kernel input and come after every real
         # position: causal attention keeps them out of real queries, and their zero dattn rows
         # add nothing to real keys' gradients, so results are those of S columns.
         multiple = device.profile.spatial_multiple_of

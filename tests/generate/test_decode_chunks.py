@@ -19,7 +19,7 @@ from anelm.generate.device_plan import SizePlan, decode_groups, decode_seconds
 from anelm.generate.pipeline import build_runner
 from anelm.models.loading import load_model
 
-LOGITS_TOL = 3e-2  # §6: logits of a whole tiny model against HF float32
+LOGITS_TOL = 3e-2  # docs/testing.md: logits of a whole tiny model against HF float32
 KV_TOL = 1e-2  # two fp16 device paths of the same arithmetic (test_generate_device.py)
 
 

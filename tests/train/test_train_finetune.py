@@ -38,7 +38,8 @@ def env(tmp_path_factory):
     words = [f"w{rng.randint(3, 40)}" for _ in range(600)]  # a skewed unigram: something to learn
     (base / "words.txt").write_text(" ".join(words * 3))
     # the kernel cache off: the two runs below start together, and a program one of them compiled
-    # would be loaded by the other, not compiled (§2.7), which the compile-count test counts
+    # would be loaded by the other, not compiled (the compile budget counts cold compiles only), which the
+    # compile-count test counts
     e = {**os.environ, "ANELM_CACHE_DIR": str(base / "cache"), "ANELM_KERNEL_CACHE_MB": "0",
          "PYTHONUNBUFFERED": "1"}
     e.pop("ANELM_PROFILE", None)

@@ -1,6 +1,6 @@
 """LoRA fine-tuning of the real SmolLM2-135M-Instruct (Q4_1 GGUF in ../shared) on the emulator
 under `strict`: a short text of invented facts it has never seen, 12 steps at sequence length
-64, batch 1 (the issue's "tens of steps", trimmed to keep the suite fast: ~50 s of CPU time,
+64, batch 1 (a fine-tune of tens of steps, trimmed to keep the suite fast: ~50 s of CPU time,
 100 s wall on a lightly loaded 2-core machine). The held-out eval loss falls below 80 % of its start (measured 58 %),
 the adapter written to RUN/adapter/ lowers the held-out perplexity by more than 10 % on the CPU
 float32 reference (an independent path: PEFT files, `load_peft`, the reference forward), and
