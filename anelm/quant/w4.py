@@ -1,4 +1,4 @@
-"""W4: the 4-bit blocks of every linear (CONTRACTS §10; the format is models/quantized.py's).
+"""W4: the 4-bit blocks of every linear (docs/quantization.md; the format is models/quantized.py's).
 
 From float weights each block of `block` inputs is put on 16 levels with fp16 scale and offset:
 min..max (`quantize_blocks`, Q4_1's grid), or, given `moments` (each input channel's mean square

@@ -1,5 +1,6 @@
-"""`anelm chat` and `anelm serve` read W4 and LUT4 folders (CONTRACTS §10, §15): a tiny random
-Llama with a word tokenizer and a chat template, quantized to each scheme, on the emulator.
+"""`anelm chat` and `anelm serve` read W4 and LUT4 folders (docs/quantization.md,
+docs/serving.md): a tiny random Llama with a word tokenizer and a chat template, quantized to
+each scheme, on the emulator.
 
 The oracle is a path that shares neither command's code: the folder read back by `load_model`,
 its device runner built by hand (`build_runner`) and run greedily, prefill then one decode a

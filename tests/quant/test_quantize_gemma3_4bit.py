@@ -1,12 +1,12 @@
-"""W4 and LUT4 for Gemma 3 (CONTRACTS §10), on the emulator under `strict`.
+"""W4 and LUT4 for Gemma 3 (docs/quantization.md), on the emulator under `strict`.
 
 What Gemma changes for 4-bit weights (test_quantize_gemma3.py's module doc has it for int8): the
 norm gains 1 + w go on the linears' inputs, not into the 4-bit blocks or tables; the post-norms
 stay elementwise, carrying the stream scale; o and down feed the post-norms.
 
 * A tiny random Gemma 3 through `anelm quantize` (W4 in blocks of 16, LUT4 at its defaults):
-  the device's logits against the CPU reference on the folder's dequantized weights, CONTRACTS
-  §6's 3e-2 for a whole tiny model's logits (measured: W4 7.4e-3, LUT4 3.8e-3), the programs
+  the device's logits against the CPU reference on the folder's dequantized weights, the 3e-2
+  of docs/testing.md for a whole tiny model's logits (measured: W4 7.4e-3, LUT4 3.8e-3), the programs
   carrying the folder's 4-bit data. So the device runs Gemma's 4-bit folders as their weights say.
 * Gemma 3 270M (Q4_K_M GGUF, the test extras), the W8 test's text and windows: the first 256
   tokens of the Apache license calibrate (LUT4's k-means weights), BOS and the next 255 are
@@ -75,7 +75,7 @@ def tiny(tmp_path_factory):
 def test_tiny_logits_against_the_cpu_reference(tiny, scheme):
     config, weights, _ = load_model(tiny[scheme])
     assert config.model_type == "gemma3_text" and weights.quant.scheme == scheme
-    assert device_against_cpu(config, weights) <= 3e-2  # CONTRACTS §6, a whole tiny model's logits
+    assert device_against_cpu(config, weights) <= 3e-2  # docs/testing.md: a whole tiny model's logits
     runner = build_runner(config, weights, "emulator", max_context=32)
     runner.prefill([5, 6, 7], runner.new_cache())
     art = next(k for key, k in runner.kernels.items() if key[:2] == ("prefill", 0)).artifact
@@ -163,4 +163,4 @@ def test_w4_folder_under_forty_percent_of_fp16(scored):
 
 
 def test_nothing_overflows_fp16(scored):
-    assert "fp16 overflow" not in scored[3], scored[3]  # CONTRACTS §8
+    assert "fp16 overflow" not in scored[3], scored[3]  # the device warns of any fp16 overflow
