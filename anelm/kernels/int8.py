@@ -6,6 +6,8 @@ references run on the chip, and the int8 layer a `QuantPlan` (models/quantized.p
     x' = x · gain / shift                               (the norm gain, `unfolded_params`; W8 shift)
     W8:    y = conv(x', W)
     W8A8:  y = conv(dequantize(quantize(x', s), s), W)  (+ conv(conv(x', select), W_keep))
+           or, in two products: a = dequantize(quantize(x', f), f), r = x' − a,
+           y = conv(a, W) + conv(dequantize(quantize(r, s), s), W)  (+ the same side product)
 
 W4 (`plan_layer_w4`): W = constexpr_blockwise_shift_scale(data = uint4 BLOBFILE [out, in, 1, 1],
 scale = fp16 [out, in/B, 1, 1], offset = fp16 or uint4 [out, in/B, 1, 1]) of the folder's blocks
@@ -23,6 +25,12 @@ dequantize` checks; the weights stay int8 in the BLOBFILE (dtype code 4) and the
 folds the scale in when the program is compiled. The activations' quantize/dequantize pair
 around the conv is the same benchmark's pattern; the cost model counts a conv fed by a
 dequantize with constexpr weights as int8 work (compiler/passes/cost.py).
+
+Two products (`QLinear.act_scale` = (f, s), quant/w8a8.py): the fine scale f holds the input's
+bulk and saturates on its few large values; r, what that left (under f/2 for the bulk, rounding
+to 0 at s), carries those at the coarse scale s. Both convs are int8 × int8 on the one int8
+constexpr, each with one static scale, as the chip's W8A8 runs; the emulator's int8 path takes
+each conv fed by a dequantize as it takes one.
 
 The outlier channels of a W8A8 input (`QLinear.keep`) are gathered by a 1x1 conv whose
 weights select them (one 1.0 per row: each sum is one input value, exact) and multiplied by
@@ -62,16 +70,18 @@ class QLinear:
     W8 (act_scale None): the conv sums q·x in the fp16 accumulator before the row scale
     (peer-facts §4.9), so x is first divided by `shift`, a power of two that keeps that sum
     under the 32768 limit (strict §2.9), and the row scale carries it back: exact both ways.
-    W8A8: x is quantized to int8 at the static per-tensor `act_scale`; the input channels in
-    `keep` (activation outliers that one int8 scale cannot hold with the rest) are left out of
-    int8: their weight columns are zero in q, and `keep_w` [out, len(keep)] multiplies them in
-    fp16 beside the int8 product.
+    W8A8: x is quantized to int8 at the static per-tensor `act_scale` (a pair: in two products,
+    module doc); the input channels in `keep` (activation outliers that one int8 scale cannot
+    hold with the rest) are left out of int8: their weight columns are zero in q, and `keep_w`
+    [out, len(keep)] multiplies them in fp16 beside the int8 product.
     """
 
     q: np.ndarray  # int8 [out, in]
     scale: np.ndarray  # float32 [out]
     shift: float = 1.0
-    act_scale: float | None = None
+    # (fine, coarse): two products (module doc); one field, so the program store's digest of
+    # QLinear's fields (generate/program_store._QFIELDS) covers both scales
+    act_scale: float | tuple[float, float] | None = None
     keep: np.ndarray | None = None  # int [k] input channels in fp16
     keep_w: np.ndarray | None = None  # float32 [out, k]
     in_gain: np.ndarray | None = None  # float32 [in]: the norm gain on the input (`unfolded_params`)
@@ -91,7 +101,8 @@ def qlinear(w: np.ndarray, iq: InputQuant, gain: np.ndarray | None = None) -> QL
     q, scale = quantize_rows(w)
     q = blob_backed(q, "int8")  # its BLOBFILE's payload: the programs' blob is this memory (program_store)
     keep = None if keep_w is None else np.asarray(iq.keep, np.int64)
-    return QLinear(q, scale, iq.shift, iq.act_scale, keep, keep_w, gain)
+    act = iq.act_scale if iq.fine is None else (iq.fine, iq.act_scale)
+    return QLinear(q, scale, iq.shift, act, keep, keep_w, gain)
 
 
 def kernel_layer(p: dict, inputs: dict[str, InputQuant], gains: dict[str, np.ndarray]) -> dict:
@@ -128,7 +139,7 @@ def plan_layer(plan: QuantPlan, i: int, shape, layer: dict[str, np.ndarray]) -> 
     for key, roles in f.slot_roles.items():  # kernel linear -> the HF linears in its rows (q, k, v)
         parts = [inputs[f.modules[r]] for r in roles]
         shift = max(p.shift for p in parts)  # one conv: one shift
-        per[key] = InputQuant(shift, parts[0].act_scale, parts[0].keep)  # one input: one scale, one set of outliers
+        per[key] = InputQuant(shift, parts[0].act_scale, parts[0].keep, parts[0].fine)  # one input: one set of scales
     p, gains = unfolded_params(shape, layer)
     return kernel_layer(p, per, gains)
 
@@ -189,12 +200,20 @@ def quant_linear(b: GraphBuilder, x: Value, ql: QLinear, bias=None, name: str = 
                   name=f"{n}_in")
     elif ql.shift != 1.0:
         x = b.mul(x, 1.0 / ql.shift, name=f"{n}_shift")
-    xs = x
-    if ql.act_scale is not None:
-        s = np.float16(ql.act_scale)
-        xs = b.dequantize(b.quantize(x, s, name=f"{n}_xq"), s, name=f"{n}_xdq")
+    xs, rest = [x], x
+    if ql.act_scale is not None:  # each product's int8 input; the next reads what it left over
+        xs = []
+        for j, a in enumerate(ql.act_scale if isinstance(ql.act_scale, tuple) else (ql.act_scale,)):
+            s, tag = np.float16(a), "" if j == 0 else str(j)
+            if xs:
+                rest = b.sub(rest, xs[-1], name=f"{n}_xr{tag}")
+            xs.append(b.dequantize(b.quantize(rest, s, name=f"{n}_xq{tag}"), s, name=f"{n}_xdq{tag}"))
     lut_rows = isinstance(ql.q, LutQuant) and ql.scale is not None  # row factors no table took
-    y = b.conv(xs, w, name=n if ql.keep_w is None and bias is None and not lut_rows else f"{n}_conv")
+    last = ql.keep_w is None and bias is None and not lut_rows and len(xs) == 1
+    y = b.conv(xs[0], w, name=n if last else f"{n}_conv")
+    for j, xj in enumerate(xs[1:], 1):  # the same int8 weight: one constexpr, two int8 products
+        done = ql.keep_w is None and bias is None and not lut_rows and j == len(xs) - 1
+        y = b.add(y, b.conv(xj, w, name=f"{n}_conv{j}"), name=n if done else f"{n}_acc{j}")
     if lut_rows:
         rows = b.weight(f"{n}_rows", ql.scale.reshape(1, -1, 1, 1), x.dtype)
         y = b.mul(y, rows, name=n if bias is None else f"{n}_r")

@@ -14,14 +14,14 @@ type's quantized linears, and the quantized folder `anelm quantize` writes, read
         P.weight_scale      F32 [out]      the weight is P.weight · P.weight_scale[:, None]
         P.input_shift       F32 []         W8: the input is divided by it before the int8 sum
         P.input_scale       F32 []         W8A8: static per-tensor scale of the int8 input
+        P.input_fine_scale  F32 []         W8A8: a finer scale for the input's bulk (may be absent)
         P.outlier_channels  I64 [k]        W8A8: input channels kept out of int8 (may be absent)
         P.outlier_weight    F32 [out, k]   their weight columns (zero in P.weight)
                                    every other tensor as the source had it, float32
     DIR/quantization_report.json   what `quantize` measured
 
-Readers get float32 weights (the int8 dequantized, the outlier columns put back) in a
-`QuantizedWeights` dict, which also carries the int8 decisions (`QuantPlan`) the device
-kernels are built from (`anelm/kernels/int8.py`); `anelm/quant/` is the tool that makes them.
+Readers get float32 weights (the int8 dequantized, the outlier columns put back) in a `QuantizedWeights`
+dict, with the int8 decisions (`QuantPlan`) the kernels are built from (`anelm/kernels/int8.py`).
 
 Rows: a weight row w is stored as q = round(w / s) with s = max|w| / 127, q in [-127, 127]:
 symmetric, zero point 0, so a row's largest weight is exactly ±127 and the row scale is
@@ -30,8 +30,7 @@ from the dequantized weights: the folds `layer_params` applies to a projection w
 gains (the attention scale, the residual stream scale) multiply whole rows by one factor each,
 so requantizing a folded row gives back the same q with the factor in its scale, bit for bit
 (tests/quant). One rounding rule, half to even (np.round), as the MIL reference quantizes;
-`maderix` rounds half away from zero, which differs only at exact ties and is immaterial for
-weights.
+`maderix` rounds half away from zero, which differs only at exact ties, immaterial for weights.
 """
 
 from __future__ import annotations
@@ -80,6 +79,7 @@ class InputQuant:
     shift: float = 1.0  # W8
     act_scale: float | None = None  # W8A8
     keep: np.ndarray | None = None  # W8A8 outlier channels
+    fine: float | None = None  # W8A8: the bulk's scale, the input in two int8 products (kernels/int8.py)
 
 
 def family(model_type: str) -> str:
@@ -155,8 +155,9 @@ def pack(config, weights: dict[str, np.ndarray], qs: dict, plan: QuantPlan) -> d
         out[name + ".weight"] = q
         out[name + ".weight_scale"] = scale.astype(np.float32)
         out[name + ".input_shift"] = np.array(iq.shift, np.float32)
-        if iq.act_scale is not None:
-            out[name + ".input_scale"] = np.array(iq.act_scale, np.float32)
+        for key, v in ((".input_scale", iq.act_scale), (".input_fine_scale", iq.fine)):
+            if v is not None:
+                out[name + key] = np.array(v, np.float32)
         if iq.keep is not None and len(iq.keep):
             out[name + ".outlier_channels"] = np.asarray(iq.keep, np.int64)
             out[name + ".outlier_weight"] = np.ascontiguousarray(weights[name + ".weight"][:, iq.keep], np.float32)
@@ -169,7 +170,7 @@ def unpack(raw: dict[str, np.ndarray], config, scheme: str, source: str) -> tupl
         out, plan = (unpack_w4 if scheme == "w4" else unpack_lut)(raw, config, source, scheme)
         return _as_checkpoint(out, config), plan
     out = {k: v for k, v in raw.items() if not k.endswith((".weight_scale", ".input_shift", ".input_scale",
-                                                         ".outlier_channels", ".outlier_weight"))}
+                                                         ".input_fine_scale", ".outlier_channels", ".outlier_weight"))}
     inputs = {}
     for name in linear_names(config):
         try:
@@ -183,9 +184,9 @@ def unpack(raw: dict[str, np.ndarray], config, scheme: str, source: str) -> tupl
         if keep is not None:
             w[:, keep] = raw[name + ".outlier_weight"]
         out[name + ".weight"] = w
-        act = raw.get(name + ".input_scale")
-        inputs[name] = InputQuant(float(raw.get(name + ".input_shift", 1.0)),
-                                  None if act is None else float(act), keep)
+        act, fine = (raw.get(name + k) for k in (".input_scale", ".input_fine_scale"))
+        inputs[name] = InputQuant(float(raw.get(name + ".input_shift", 1.0)), None if act is None else float(act),
+                                  keep, None if fine is None else float(fine))
     if scheme == "w8a8" and any(iq.act_scale is None for iq in inputs.values()):
         raise InputError(f"{source}: scheme w8a8 but some linears have no input_scale")
     return _as_checkpoint(out, config), QuantPlan(scheme, inputs, config.model_type)

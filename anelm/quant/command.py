@@ -4,20 +4,52 @@ The text (`--data`, else for W8 the built-in stories) is tokenized once: its fir
 `calib_tokens` ids calibrate, the next `eval_tokens` are held out and scored by the source
 model and by the written folder read back, on the same device and profile.
 
-Activation outliers (W8A8). SmolLM2-135M's linear inputs reach 20-24 in a few channels where the
-median channel stays under 3, and its down projections' inputs reach 3,323 and 1,223 in two
-channels (layer 11) against a median of 1.1. One int8 scale for such a tensor gives every
-ordinary channel a step of 26, so they round to 0. We keep the channels whose calibrated range
-exceeds OUTLIER_RATIO × the median channel's out of int8 (at most 1/MAX_KEEP_FRACTION of them):
-they go through a small fp16 side product (kernels/int8.py), and the rest get one scale from
-their own range. We chose this over SmoothQuant's migration (x/s into int8, W·diag s into the
-int8 rows, s_j = max|x_j|^α / max|W_j|^(1-α)) because it measures better: SmolLM2, 256 tokens
-of the Apache license calibrating and the next 256 scored, both done in float32 on the CPU
-reference with the int8 roundings the kernels apply, perplexity 21.671 unquantized, x1.0102 with
-the outliers kept, x1.223 migrated at α = 0.5, x1.040 at α = 0.8, x2.265 with neither. Large α
-moves the outliers into the weights' rows, whose int8 then loses the ordinary columns instead.
-The migration also has to put 1/s into the producing op or a multiply (for the attention output,
-through v's rows, shared per KV group); the kept channels cost a product of k/in of the main one.
+W8A8 (quant/w8a8.py, quant/smooth.py). SmolLM2-135M's linear inputs reach 20-24 in a few
+channels where the median channel stays under 3, its down projections' inputs 3,323 and 1,223 in
+two channels (layer 11) against a median of 1.1, and past the kept channels they are heavy-tailed
+by token: layer 29's down input, calibrated on the stories to 38, reaches 79 on the Apache
+license, where 99 % of its values stay under 5.6. The plan keeps the outlier channels in fp16, may smooth, and may
+quantize an input in two int8 products (its bulk at a fine scale, what that leaves at a coarse
+one with 2x headroom), each knob chosen per model by perplexity on held-out calibration text.
+Measured (SmolLM2, float32 CPU reference with the kernels' int8 roundings, 768 or 1024 tokens
+of the built-in stories calibrating, the first 512 tokens of the Apache license scored, a text
+the calibration never saw; unquantized 19.612):
+
+    int8 weights alone                                           x1.005
+    one scale, nothing kept / kept channels (the plan before)     x2.343 / x1.074
+      which inputs cost it: qkv x0.993, o x1.008, gate/up x1.018, down x1.055 (alone in int8)
+    scale clipped to 0.7 / 0.5 of the range                       x1.213 / x2.475
+    SmoothQuant, every input, without / with the kept channels:
+      α 0.3 x1.762 / x1.096, 0.5 x1.353 / x1.100, 0.6 x1.239 / x1.197, 0.7 x1.311 / x1.314
+      kept channels and α 0.5 on one kind: o x1.053, norm inputs x1.066, down x1.110
+    two products, kept channels, fine = range/127/8: coarse at the range x1.020; at 1.5x, 2x,
+      3x x1.011, x0.994, x1.013; 2x and fine /4 x1.002; 2x with α 0.5 on norm and o x0.9995
+
+On the emulator (tests/quant/test_quantize_real.py: 1024 story tokens, the choice made on their
+last 256, the first 256 Apache tokens scored) `quantize` chose two products at 1/4, no smoothing:
+17.746 -> 17.917, x1.0096 (W8 on the same: x0.9942).
+
+So smoothing alone does not reach 3 %: down's error is in its tokens' tails, which one static
+scale along the reduction cannot follow, and moving its channel ranges into the weights' columns
+costs the int8 rows more (x1.110) than it saves. The second product does: its fine scale gives
+the bulk 4-16x finer steps and the coarse one still holds every value; the headroom matters on
+unseen text (calibrated on 768 Apache tokens and scored on 256 of the stories, the other way,
+2x costs x1.019 against x1.015, within the noise). o's 1/s goes into v's rows, one factor per KV
+group; a per-channel gain in the kernel (`QLinear.in_gain`) measured no better (o alone smoothed,
+fine /4, 2x: α 0.4 x1.0080 against x1.0111 per group, α 0.7 x1.0118 against x1.0053), and would
+need a tensor in the folder.
+
+Per-channel activation scales: an int8 × int8 conv sums q_w[o, j]·q_x[j, t] over the input
+channels j, and the result is dequantized by w_scale[o]·x_scale, so x's scale must be one
+number along j for it to leave the sum; a scale per input channel is a factor on W's columns,
+which is what smoothing is (measured above). x has no output axis (the weight's row scales are
+per output channel already), and a scale per token t leaves the sum but depends on the token:
+MIL's quantize takes its scale as a constant (one, or one per index of an axis), and one per
+sequence position says nothing about the token there; a scale computed from each token at run
+time is dynamic quantization, not static W8A8. Hence one static scale per product and tensor;
+the second product is how a tensor gets two.
+Cost: a W8A8 linear with two products runs its int8 conv twice on the same int8 weight (one
+constexpr, read once): decode, bound by weight reads, barely moves; prefill's int8 compute doubles.
 
 W8: the accumulator sums q·x before the row scale, so each linear's input is divided by a power
 of two (`input_shift`) that keeps the largest calibrated sum under ACC_TARGET, 4x below the
@@ -34,50 +66,49 @@ import numpy as np
 
 from ..models.errors import InputError
 from .calibrate import calibrate
+from .w8a8 import Choice, build, choose, held_part
 from .report import DEFAULT_CHIP, folder_breakdown, larger_note, predicted_decode
-from ..models.quantized import (METHOD, QMAX, InputQuant, LutQuant, QuantPlan, check_supported, linear_names, pack,
+from ..models.quantized import (METHOD, InputQuant, LutQuant, QuantPlan, check_supported, linear_names, pack,
                                pack_lut, pack_w4, power_of_two_above, quantize_rows, refuse_quantized)
 
 ACC_TARGET = 8192.0  # W8: largest calibrated unscaled sum after the shift
-OUTLIER_RATIO = 8.0  # W8A8: a channel whose range exceeds this × the median channel's stays fp16
-MAX_KEEP_FRACTION = 16  # ... at most in/16 channels per input
 REPORT = "quantization_report.json"
 
 
-def outliers(chan: np.ndarray) -> np.ndarray:
-    """The input channels kept out of int8: the largest ranges above the ratio, capped."""
-    order = np.argsort(chan)[::-1]
-    over = int((chan > OUTLIER_RATIO * np.median(chan)).sum())
-    return np.sort(order[:min(over, len(chan) // MAX_KEEP_FRACTION)])
-
-
-def calibration(config, weights, calib, seq, progress=None, w8: bool = True):
-    """One calibration pass: (int8 rows of every linear, channel ranges, W8's largest unscaled
-    sums, measured when `w8`). The int8 rows depend on the weights alone, so one pass can serve
-    both schemes; W8A8 alone skips the sums (one more product per linear)."""
+def calibration(config, weights, calib, seq, progress=None, w8: bool = True) -> dict:
+    """One calibration pass: {"qs": int8 rows of every linear, "chan": channel ranges, "sums":
+    W8's largest unscaled sums (measured when `w8`), "fit": the ranges of the part W8A8's
+    candidates are built from, "held": the ids they are scored on (w8a8.held_part), "seq"}.
+    The int8 rows depend on the weights alone, so one pass can serve both schemes; W8A8 alone
+    skips the sums (one more product per linear)."""
     names = linear_names(config)
     qs = {n: quantize_rows(weights[n + ".weight"]) for n in names}
-    chan, sums = calibrate(config, weights, calib, seq, {n: qs[n][0] for n in names} if w8 else None, progress)
-    return qs, chan, sums
+    ints = {n: qs[n][0] for n in names} if w8 else None
+    fit, held = held_part(list(calib), getattr(config, "bos_token_id", None))
+    chan, sums = calibrate(config, weights, fit, seq, ints, progress)
+    more, more_sums = calibrate(config, weights, held, seq, ints, progress) if held else ({}, {})
+    whole = {n: np.maximum(c, more[n]) if n in more else c for n, c in chan.items()}
+    sums = {n: max(v, more_sums.get(n, 0.0)) for n, v in sums.items()}
+    return {"qs": qs, "chan": whole, "sums": sums, "fit": chan, "held": held, "seq": seq}
 
 
 def plan_w8(config, weights, cal):
-    qs, chan, sums = cal
-    inputs = {n: InputQuant(shift=power_of_two_above(sums[n] / ACC_TARGET)) for n in linear_names(config)}
-    return qs, QuantPlan("w8", inputs, config.model_type), chan
+    inputs = {n: InputQuant(shift=power_of_two_above(cal["sums"][n] / ACC_TARGET)) for n in linear_names(config)}
+    return cal["qs"], QuantPlan("w8", inputs, config.model_type), cal["chan"]
 
 
-def plan_w8a8(config, weights, cal):
-    _, chan, _ = cal
-    qs, inputs = {}, {}
-    for n in linear_names(config):
-        keep = outliers(chan[n])
-        rest = np.delete(chan[n], keep)
-        w = weights[n + ".weight"].copy()
-        w[:, keep] = 0.0  # those columns go through the fp16 side product
-        qs[n] = quantize_rows(w)
-        inputs[n] = InputQuant(1.0, max(float(rest.max()), 1e-4) / QMAX, keep)
-    return qs, QuantPlan("w8a8", inputs, config.model_type), chan
+def plan_w8a8(config, weights, cal, progress=None):
+    """(int8 rows, plan, channel ranges, the smoothed float weights the folder holds, what was
+    chosen and measured): the candidates scored on the calibration's held-out part (`choose`),
+    the winner built from the ranges of all of it."""
+    if not cal["held"]:  # too little text to choose with (w8a8.held_part): the plainest plan
+        choice, tried, source = Choice(), {}, None
+    else:
+        choice, tried, source = choose(config, weights, cal["fit"], cal["held"], cal["seq"], progress)
+    sw, qs, inputs = build(config, weights, cal["chan"], choice)
+    info = {**choice.to_dict(), "chosen_on_tokens": len(cal["held"]), "chosen_source_ppl": source,
+            "candidates": tried}
+    return qs, QuantPlan("w8a8", inputs, config.model_type), cal["chan"], sw, info
 
 
 def device_bytes(weights: dict, plan: QuantPlan | None = None) -> int:
@@ -155,7 +186,7 @@ def quantize_command(model: str, out: str, scheme: str, text: str, calib_tokens:
     report["predicted_decode_tokens_per_s"] = {"chip": DEFAULT_CHIP, "source": src, "quantized": got,
                                                "weight_read_ms": {"source": src_ms, "quantized": got_ms}}
     qc = json.loads((folder / "config.json").read_text())["quantization_config"]
-    report.update({k: qc[k] for k in ("block_size", "blocks", "group_size") if k in qc})  # W4's blocks' origin
+    report.update({k: qc[k] for k in ("block_size", "blocks", "group_size", "w8a8") if k in qc})  # W4's blocks' origin
     (folder / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
@@ -172,12 +203,16 @@ def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq:
     if scheme in ("lut4", "lut6"):
         return build_lut(out, config, weights, tok, int(scheme[3:]), calib, seq, group_size, block_size)
     cal = cal or calibration(config, weights, calib, seq, progress, w8=scheme == "w8")
-    qs, plan, chan = (plan_w8a8 if scheme == "w8a8" else plan_w8)(config, weights, cal)
+    qc = {"quant_method": METHOD, "scheme": scheme, "bits": 8, "weights": "int8 per output channel, symmetric",
+          "activations": "fp16"}
+    if scheme == "w8a8":  # the folder holds the smoothed model: norm gains, v and up rows with 1/s
+        qs, plan, chan, weights, qc["w8a8"] = plan_w8a8(config, weights, cal, progress)
+        qc["activations"] = "int8 per tensor, static" + (f", in two products (bulk at 1/{qc['w8a8']['fine_ratio']} "
+                                                        "of the scale)" if qc["w8a8"]["fine_ratio"] else "")
+    else:
+        qs, plan, chan = plan_w8(config, weights, cal)
     tensors = pack(config, weights, qs, plan)
-    cfg = {**config.to_dict(), "torch_dtype": "float32",
-           "quantization_config": {"quant_method": METHOD, "scheme": scheme, "bits": 8,
-                                   "weights": "int8 per output channel, symmetric",
-                                   "activations": "int8 per tensor, static" if scheme == "w8a8" else "fp16"}}
+    cfg = {**config.to_dict(), "torch_dtype": "float32", "quantization_config": qc}
     return _publish(out, lambda d: _write(d, cfg, tensors, tok)), plan, chan
 
 
