@@ -55,7 +55,7 @@ MODES = ("half_even", "half_away")
 
 
 def _quantize_pair(x: str, scale: float, out: str) -> list[str]:
-    """x -> quantize(scale) -> dequantize(scale) -> `out`, the activations' pattern (kernels/int8.py)."""
+    """x -> quantize(scale) -> dequantize(scale) -> `out`, the activations' pattern (kernels/qlinear.py)."""
     return [const("s", "fp16", scale), const("dt", "string", "int8"),
             op("xq", "int8", X, "quantize", input=x, output_dtype="dt", scale="s"),
             op(out, "fp16", X, "dequantize", input="xq", scale="s")]

@@ -42,7 +42,7 @@ from ..caches import cache_dir, source_fingerprint
 from ..compiler.artifact import Artifact, Signature
 from ..compiler.passes.validate import sram_notice
 from ..device.disk_cache import DiskCache
-from ..kernels.int8 import QLinear
+from ..kernels.qlinear import QLinear
 from ..mil.blob import backing_file
 
 FORMAT = 1  # the entry's layout: a change makes older entries misses, rebuilt and rewritten

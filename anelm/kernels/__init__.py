@@ -8,7 +8,7 @@
   its layers differ: the norm, the MLP graph, rotary or not, where each parameter is, the LoRA
   slots. `LayerShape.family` carries it, and the library asks it instead of the model type.
 - `prefill.py`, `decode.py`: the generation kernels; `blocks.py` whole layers for `anelm compile`;
-  `int8.py` int8 linears (`QLinear` as MIL) and the int8 layers of a quantized model.
+  `qlinear.py` quantized linears (`QLinear` as MIL); `int8.py` the layers of a quantized model.
 - `training.py`, `training_attn.py`: the ten forward and dx kernels of a training step.
 
 I/O widths follow the profile's `spatial_multiple_of` (16 in `strict`): decode runs its token

@@ -27,7 +27,7 @@ from ..mil.blob import blob_payload, seal
 from ..mil.half import fold_to_half, to_half
 from ..models.layers import rope_full_width
 from .families import Family, family_for
-from .int8 import QLinear, quant_linear
+from .qlinear import QLinear, quant_linear
 from .lora import add_lora
 from .norms import channel_norm, head_rms_norm
 
@@ -169,7 +169,7 @@ def apply_rope(b: GraphBuilder, x: Value, cos: Value, sin: Value, rot: Value, na
 def _lin(b: GraphBuilder, x: Value, p: dict, key: str, lora: dict | None = None) -> Value:
     """Projection `key` of x, plus its LoRA term where `lora` (`kernels/lora.py`) has a slot for it."""
     w, bias = p[key]
-    if isinstance(w, QLinear):  # int8 weights (kernels/int8.py): the chip's int8 forms
+    if isinstance(w, QLinear):  # quantized weights (kernels/qlinear.py): the chip's forms
         return quant_linear(b, x, w, bias, name=f"{key}_proj")
     return add_lora(b, b.linear(x, w, bias, name=f"{key}_proj"), x, lora, key)
 

@@ -1,4 +1,4 @@
-"""Quantized weights as stored (CONTRACTS §10): the int8 row quantization, W4's 4-bit blocks
+"""Quantized weights as stored (docs/quantization.md): the int8 row quantization, W4's 4-bit blocks
 (below `BlockQuant`), LUT4/LUT6's palettized rows (`LutQuant`), the HF names of each model
 type's quantized linears, and the quantized folder `anelm quantize` writes, read back here.
 
@@ -79,7 +79,7 @@ class InputQuant:
     shift: float = 1.0  # W8
     act_scale: float | None = None  # W8A8
     keep: np.ndarray | None = None  # W8A8 outlier channels
-    fine: float | None = None  # W8A8: the bulk's scale, the input in two int8 products (kernels/int8.py)
+    fine: float | None = None  # W8A8: the bulk's scale, the input in two int8 products (kernels/qlinear.py)
 
 
 def family(model_type: str) -> str:
@@ -113,7 +113,7 @@ def quant_config(path: Path) -> dict | None:
 
 
 def refuse_quantized(path, command: str) -> None:
-    """One line for the commands that cannot take a quantized folder yet (CONTRACTS §10)."""
+    """One line for the commands that cannot take a quantized folder yet (docs/quantization.md)."""
     if path is not None and quant_config(Path(path)) is not None:
         raise InputError(f"{path} is a quantized folder (anelm quantize); {command} needs the unquantized "
                          "model it came from")
@@ -195,7 +195,7 @@ def unpack(raw: dict[str, np.ndarray], config, scheme: str, source: str) -> tupl
 def _as_checkpoint(out: dict, config) -> dict:
     """The folder holds every linear [out, in], ours; the reader sanitizes from the checkpoint's
     orientation (GPT-2's Conv1D [in, out]), as for any HF folder."""
-    from .loading import architecture  # noqa: PLC0415 - loading reads folders through here
+    from .registry import architecture
 
     return architecture(config.model_type).unsanitize(out, config)
 

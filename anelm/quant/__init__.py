@@ -1,4 +1,4 @@
-"""`anelm quantize`, the tool (CONTRACTS §10): calibrate a model on text, quantize its linears
+"""`anelm quantize`, the tool (docs/quantization.md): calibrate a model on text, quantize its linears
 to int8 per output channel (W8), optionally with int8 activations at static per-tensor scales
 (W8A8), write the quantized folder, score both models and report. It sits above `train/`
 (it publishes the folder as `anelm export` does) and `generate/` (it scores with perplexity).
@@ -7,6 +7,6 @@ to int8 per output channel (W8), optionally with int8 activations at static per-
     command.py    `anelm quantize`: calibrate, quantize, score, write, report
 
 The weight format (rows, the folder, reading it back) is `anelm/models/quantized.py`; the int8
-kernels (`QLinear` as MIL) are `anelm/kernels/int8.py`; the emulator's int8 arithmetic is
+kernels (`QLinear` as MIL) are `anelm/kernels/qlinear.py`; the emulator's int8 arithmetic is
 `anelm/device/emulator_int8.py`.
 """

@@ -53,7 +53,7 @@ constexpr, read once): decode, bound by weight reads, barely moves; prefill's in
 
 W8: the accumulator sums q·x before the row scale, so each linear's input is divided by a power
 of two (`input_shift`) that keeps the largest calibrated sum under ACC_TARGET, 4x below the
-limit of 32768 (strict §2.9): SmolLM2's layer 11 down projection sums to 566,000 unshifted.
+accumulator limit of 32768: SmolLM2's layer 11 down projection sums to 566,000 unshifted.
 """
 
 from __future__ import annotations

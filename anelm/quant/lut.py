@@ -1,5 +1,5 @@
 """LUT4/LUT6: every linear palettized, one table of 2^bits fp16 values per tile of rows by inputs
-(CONTRACTS §10; the format is models/quantized.py's `LutQuant`).
+(docs/quantization.md; the format is models/quantized.py's `LutQuant`).
 
 Each tile's values are clustered by Lloyd's k-means in one dimension, each weight counted by the
 mean square of its input over the calibration text (`input_moments`: the output error a weight

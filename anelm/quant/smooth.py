@@ -20,14 +20,14 @@ Folding into rows keeps those rows' int8 exact (a row times one factor requantiz
 int8, models/quantized.py), and the folder is an ordinary W8A8 folder: its norm gains, v and up
 rows carry 1/s, its consumers' int8 rows carry s, and every reader computes the same model.
 The kernel's other way to divide an input, a per-channel multiply (`QLinear.in_gain`), gives
-the same float model but needs a tensor per linear in the folder that §10's layout lacks, and
+the same float model but needs a tensor per linear in the folder that its layout lacks, and
 only o could use it differently (s per channel rather than per kv group); the command's doc has
 what that measured.
 
 `score` is the float32 CPU reference with the roundings the W8A8 kernels apply: each linear's
 weights as their int8 rows dequantized (the kept channels' columns as they are), each input
 rounded half to even at its fp16 activation scale and saturated to [-128, 127] (with a fine
-scale: first at it, then what that left at the coarse one, kernels/int8.py), the kept channels
+scale: first at it, then what that left at the coarse one, kernels/qlinear.py), the kept channels
 left alone; GPT-2's LayerNorm shift is taken off first (it is in the bias, kernels/int8.py).
 """
 

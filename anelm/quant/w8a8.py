@@ -5,12 +5,12 @@ Three measures, each a knob `choose` sets by perplexity:
 
 * kept channels: an input channel whose calibrated range exceeds OUTLIER_RATIO × the median
   channel's stays out of int8 (at most in/MAX_KEEP_FRACTION of them), in a small fp16 side
-  product (kernels/int8.py); the rest get a scale of their own range.
+  product (kernels/qlinear.py); the rest get a scale of their own range.
 * smoothing (smooth.py): s_j = max|x_j|^α / max|W_j|^(1-α), folded into the model; α per kind of
   input (after a norm, attention's output, the gated product), or none.
 * two products (`fine`): the input quantized at a fine scale (its range / 127 / the FINE ratio)
   for its bulk, then what that left (the few large values past ±128 fine steps) at the coarse
-  scale, both int8 times the same int8 weight, summed (kernels/int8.py). Static scales, one
+  scale, both int8 times the same int8 weight, summed (kernels/qlinear.py). Static scales, one
   along the reduction axis each, as an int8 × int8 product needs. The coarse scale covers
   HEADROOM × the calibrated range: the bulk is the fine product's, so the headroom costs only
   the tails' steps, and text unlike the calibration's goes past its ranges (SmolLM2's last down

@@ -22,7 +22,7 @@ from anelm.device.emulator_columns import COLUMN_BLOCK, column_axes, column_plan
 from anelm.ir.builder import GraphBuilder
 from anelm.kernels.decode import decode_layer
 from anelm.kernels.families import family_for
-from anelm.kernels.int8 import qlinear
+from anelm.kernels.qlinear import qlinear
 from anelm.kernels.layers import layer_params, layer_shape
 from anelm.kernels.prefill import prefill_layer
 from anelm.kernels.training import WEIGHTED, Dims, build_graph, layer_mats

@@ -14,7 +14,7 @@ from anelm.device.emulator import Emulator
 from anelm.chip.profile import STRICT
 from anelm.ir.builder import GraphBuilder
 from anelm.mil.blob import blob_chunks
-from anelm.kernels.int8 import QLinear, quant_linear
+from anelm.kernels.qlinear import QLinear, quant_linear
 from anelm.runtime.kernel import Kernel
 
 C, O, S = 96, 40, 16

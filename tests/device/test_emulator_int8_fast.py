@@ -12,7 +12,7 @@ from anelm.device.emulator import Emulator
 from anelm.device.emulator_accum import _to_fp16, saturate
 from anelm.device.emulator_int8 import Int8Weight, W8Conv, general_conv2d_int, int8_times, int_conv
 from anelm.ir.builder import GraphBuilder
-from anelm.kernels.int8 import QLinear, quant_linear
+from anelm.kernels.qlinear import QLinear, quant_linear
 from anelm.runtime.kernel import Kernel
 
 P = {"groups": 1, "pad_type": "valid", "strides": [1, 1], "dilations": [1, 1], "pad": [0, 0, 0, 0]}

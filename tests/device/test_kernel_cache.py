@@ -25,8 +25,8 @@ from anelm.device.emulator_cache import FORMAT, kernel_store
 from anelm.errors import AnelmError, CompileBudgetExceeded
 from anelm.ir.builder import GraphBuilder
 from anelm.mil import parser as mil_parser
-from anelm.kernels.int8 import QLinear
-from anelm.kernels.int8 import quant_linear
+from anelm.kernels.qlinear import QLinear
+from anelm.kernels.qlinear import quant_linear
 from anelm.runtime.cache import ProgramCache
 from anelm.runtime.kernel import Kernel
 

@@ -26,7 +26,7 @@ from anelm.device.emulator import Emulator
 from anelm.device.emulator_cache import _Unpickler, kernel_store
 from anelm.device.emulator_columns import column_axes
 from anelm.kernels.decode import decode_layer
-from anelm.kernels.int8 import qlinear
+from anelm.kernels.qlinear import qlinear
 from anelm.kernels.layers import layer_params, layer_shape
 from anelm.kernels.prefill import prefill_layer
 from anelm.mil import parser as mil_parser

@@ -1,4 +1,4 @@
-"""`anelm quantize` and the quantized folder (CONTRACTS §10) on a tiny Llama (GQA): the folder's
+"""`anelm quantize` and the quantized folder (docs/quantization.md) on a tiny Llama (GQA): the folder's
 layout, every reading command, the refusals, and the int8 the kernels carry."""
 
 import json

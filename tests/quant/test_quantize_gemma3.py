@@ -1,4 +1,4 @@
-"""INT8 for Gemma 3 (CONTRACTS §10, §13), on the emulator under `strict`.
+"""INT8 for Gemma 3 (docs/quantization.md, docs/models.md), on the emulator under `strict`.
 
 Gemma differs from Llama where int8 is concerned in three ways the int8 layer must follow
 through the family, not by name: a norm's gain is 1 + w, so the "unit" gains an int8 layer is
@@ -9,7 +9,7 @@ their rows.
 
 * A tiny random Gemma 3: the unit-gain layer times its input gains is the folded layer, exactly;
   and W8 through `anelm quantize` against the CPU reference on the folder's dequantized weights
-  (CONTRACTS §6's 3e-2 for a whole tiny model's logits; measured 6.9e-3).
+  (docs/testing.md's 3e-2 for a whole tiny model's logits; measured 6.9e-3).
 * Gemma 3 270M (Q4_K_M GGUF, the test extras): the first 256 tokens of the Apache license
   calibrate (BOS first: Gemma's attention sink, where its largest activations are); BOS and the
   next 255 tokens are scored (`split_text`), one 256-token window, which fills its prefill bucket.
@@ -139,7 +139,7 @@ def test_perplexity_within_the_limit(scored, scheme, reference):
 
 
 def test_nothing_overflows_fp16(scored):
-    assert "fp16 overflow" not in scored[2], scored[2]  # CONTRACTS §8
+    assert "fp16 overflow" not in scored[2], scored[2]  # the overflow warning (docs/chip-profiles.md)
 
 
 def test_the_kernels_carry_int8(scored):

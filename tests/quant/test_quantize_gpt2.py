@@ -2,7 +2,7 @@
 random model, against references that do not run the int8 kernels:
 
 * W8: the CPU reference (anelm.models.gpt2, float32) on the folder's dequantized weights. The
-  int8 sums are exact on the emulator, so what is left is fp16 arithmetic: CONTRACTS §6's 3e-2
+  int8 sums are exact on the emulator, so what is left is fp16 arithmetic: docs/testing.md's 3e-2
   for a whole tiny model's logits (measured 7e-3).
 * W8A8: the same CPU reference with each linear's input rounded as the plan says, written here:
   the input without its LayerNorm shift (folded into the bias), rounded half to even at the

@@ -1,7 +1,7 @@
 """`anelm quantize --scheme lut4|lut6` on a tiny Llama (GQA): the folder's palettized layout, the
 kernels' constexpr_lut_to_dense carrying the folder's own indices and its tables (q's with the
 attention scale folded in), the device's logits against the CPU reference on the dequantized
-weights (§6), every reading command, bad flags as one line, and the k-means itself."""
+weights (docs/testing.md), every reading command, bad flags as one line, and the k-means itself."""
 
 import json
 
@@ -139,7 +139,7 @@ def test_row_factors_a_table_cannot_take_scale_the_output_rows():
     from anelm.compiler.pipeline import compile_graph
     from anelm.device.emulator import Emulator
     from anelm.ir.builder import GraphBuilder
-    from anelm.kernels.int8 import QLinear, quant_linear
+    from anelm.kernels.qlinear import QLinear, quant_linear
     from anelm.runtime.kernel import Kernel
 
     rng = np.random.default_rng(4)

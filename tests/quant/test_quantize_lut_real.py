@@ -1,4 +1,4 @@
-"""LUT4 and LUT6 on the real model (CONTRACTS §10, issue 34's done criteria): SmolLM2-135M's Q4_1
+"""LUT4 and LUT6 on the real model (docs/quantization.md's bounds): SmolLM2-135M's Q4_1
 GGUF palettized (`quantize --scheme lut4|lut6` at the default tables, quant/lut.py) and run on
 the emulator under `strict`, against the GGUF dequantized run on the same device and profile,
 on the held-out prose test_quantize_w4_real.py scores (the Apache license: 256 tokens calibrate

@@ -1,4 +1,4 @@
-"""INT8 on a real model (CONTRACTS §10 done-criteria): SmolLM2-135M (Q4_1 GGUF) on the emulator
+"""INT8 on a real model (docs/quantization.md's bounds): SmolLM2-135M (Q4_1 GGUF) on the emulator
 under `strict`, W8 within 2 % and W8A8 within 3 % of the unquantized model's perplexity on
 held-out prose that is not the calibration text, scored on the same tokens, device and profile.
 

@@ -74,14 +74,14 @@ def test_kv_groups_share_their_factors():
 
 
 def test_two_int8_products_on_the_emulator():
-    """One W8A8 linear in two products (kernels/int8.py): the emulator's output is the integer
+    """One W8A8 linear in two products (kernels/qlinear.py): the emulator's output is the integer
     reference's: q·q1·f + q·q2·s, each row times its scale, q1 the fine int8 (saturating on
     the tail), q2 what it left at the coarse scale, up to the fp16 roundings of the output."""
     from anelm.chip.profile import STRICT
     from anelm.compiler.pipeline import compile_graph
     from anelm.device.emulator import Emulator
     from anelm.ir.builder import GraphBuilder
-    from anelm.kernels.int8 import QLinear, quant_linear
+    from anelm.kernels.qlinear import QLinear, quant_linear
     from anelm.runtime.kernel import Kernel
 
     rng = np.random.default_rng(4)

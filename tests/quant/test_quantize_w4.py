@@ -1,6 +1,6 @@
 """`anelm quantize --scheme w4` on a tiny Llama (GQA): the folder's 4-bit layout, every reading
 command, the kernels' constexpr_blockwise_shift_scale carrying the folder's own 4-bit data, the
-device's logits against the CPU reference on the dequantized weights (§6), and GGUF Q4_0/Q4_1
+device's logits against the CPU reference on the dequantized weights (docs/testing.md), and GGUF Q4_0/Q4_1
 blocks taken as they are (quant/w4.py) against the gguf package's own dequantization."""
 
 import json
@@ -84,7 +84,7 @@ def test_kernels_carry_the_folders_4bit_data(tiny):
 
 def test_device_logits_against_the_cpu_reference(tiny):
     """The w4 kernels on the emulator against the float32 CPU reference on the same (dequantized)
-    weights: the whole-model logits tolerance of §6."""
+    weights: the whole-model logits tolerance of docs/testing.md."""
     _, _, q = tiny
     config, weights, _ = load_model(q)
     err = device_against_cpu(config, weights)
@@ -205,7 +205,7 @@ def test_other_families_against_the_cpu_reference(kind, tmp_path):
     """GPT-2 (fused c_attn, LayerNorm's shift folded into the bias, Conv1D layout), Qwen3 (q/k
     norms carrying the attention scale, an untied head stored as int8 blocks), Gemma 3 (gains
     1 + w, post-norms), Qwen2 (q/k/v biases): the W4 kernels on the emulator against the float32
-    CPU reference on the folder's weights, §6's 3e-2."""
+    CPU reference on the folder's weights, docs/testing.md's 3e-2."""
     from anelm.quant.command import build_folder
 
     hf_tiny.make_word_model(tmp_path / "m", kind=kind)

@@ -1,11 +1,11 @@
-"""W4 on the real model (CONTRACTS §10, issue 34's done criteria): SmolLM2-135M's Q4_1 GGUF
+"""W4 on the real model (docs/quantization.md's bounds): SmolLM2-135M's Q4_1 GGUF
 converted block for block (`quantize --scheme w4`, block size 32: the file's own 210 Q4_1
 blocks, quant/w4.py) and run on the emulator under `strict`, against the GGUF dequantized run
 on the same device and profile, on held-out prose: test_quantize_real.py's (the Apache
 license, 256 tokens past the start, the next 128 scored; the emulator's figures are the same
 for its longer windows, within noise).
 
-Logits tolerance: max|w4 − GGUF| / max|GGUF| ≤ 1e-2 (§6's matmul class) with every argmax
+Logits tolerance: max|w4 − GGUF| / max|GGUF| ≤ 1e-2 (docs/testing.md's matmul class) with every argmax
 shared. Why that is "within fp16 rounding": the two runs differ only in fp16 rounding — the
 Q4_1 offset −m/d rounded to fp16 (a weight moves by at most ~2 fp16 steps of its block's
 largest |w|), and the norm gains applied to the inputs rather than folded into fp16 weight
