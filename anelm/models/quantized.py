@@ -215,9 +215,8 @@ def scheme_of(qc: dict, source: str) -> str:
 #     P.weight_scale   F16 [out, in/B]
 #     P.weight_offset  F16 [out, in/B]   or U8 (uint4 zero points: GGUF Q4_0's 8)
 # and every other 2-D float tensor whose rows divide into blocks (the embedding, an untied head)
-# as int8 blocks, GGUF Q8_0's form (w = scale · data):
-#     E.weight         I8  [rows, cols]
-#     E.weight_scale   F16 [rows, cols/B]
+# as int8 blocks, GGUF Q8_0's form (w = scale · data: E.weight I8 [rows, cols], E.weight_scale
+# F16 [rows, cols/B]), or as P's 4-bit blocks where `quantize` made them so (quant/w4.py's tables)
 # A block's offset is fp16 (its minimum on the grid, as Q4_1 stores it), 1.5 bytes a block more
 # than a uint4 zero point, which puts 0 on the grid instead of the block's ends: SmolLM2-135M (Q4_1)
 # requantized at 32 scores x0.999 (float32 CPU, 128 held-out tokens) with fp16 offsets, x1.364 with zero points.
@@ -298,16 +297,16 @@ def table_names(config, weights: dict[str, np.ndarray], block: int) -> list[str]
     return [k for k, v in weights.items() if k not in lin and np.ndim(v) == 2 and v.shape[1] % block == 0]
 
 
-def pack_w4(config, weights: dict[str, np.ndarray], blocks: dict[str, BlockQuant], block: int) -> dict:
+def pack_w4(config, weights: dict[str, np.ndarray], blocks: dict[str, BlockQuant], block: int,
+            tables: dict[str, BlockQuant] | None = None) -> dict:
     """The tensors of a W4 folder's model.safetensors (the layout above; `blocks` empty: its
-    tables and float tensors, the linears left to the caller)."""
+    tables and float tensors, the linears left to the caller); `tables`: {table: its 4-bit blocks}."""
     out = {k: np.ascontiguousarray(v, np.float32) for k, v in weights.items()}
-    for name in linear_names(config) if blocks else ():
-        bq = blocks[name]
-        out[name + ".weight"] = pack_bits(bq.data, 4)
-        out[name + ".weight_scale"], out[name + ".weight_offset"] = bq.scale, bq.offset
+    four = {n + ".weight": blocks[n] for n in (linear_names(config) if blocks else ())} | (tables or {})
     for k in table_names(config, weights, block):
-        out[k], out[k[:-len("weight")] + "weight_scale"] = quantize_blocks8(weights[k], block)
+        out[k], out[k + "_scale"] = quantize_blocks8(weights[k], block)
+    for k, bq in four.items():
+        out[k], out[k + "_scale"], out[k + "_offset"] = pack_bits(bq.data, 4), bq.scale, bq.offset
     return out
 
 
@@ -332,9 +331,10 @@ def _dense(out: dict, blocks: dict, config, scheme: str) -> tuple[dict, QuantPla
     """The linears' float32 weights from their forms, the int8 tables dequantized, and the plan."""
     for name, bq in blocks.items():
         out[name + ".weight"] = bq.dense()
-    for k in [k for k in out if k.endswith(".weight_scale")]:
-        w = k[:-len("_scale")]
-        out[w] = dequantize_blocks8(out[w], out.pop(k))
+    for k in [k for k in out if k.endswith(".weight_scale")]:  # the tables: int8 or 4-bit blocks
+        w, off = k[:-len("_scale")], out.pop(k[:-len("scale")] + "offset", None)
+        out[w] = dequantize_blocks8(out[w], out.pop(k)) if off is None else \
+            BlockQuant(unpack_bits(out[w], 4), out.pop(k), off).dense()
     return out, QuantPlan(scheme, {n: InputQuant() for n in blocks}, config.model_type, blocks)
 
 

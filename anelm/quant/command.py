@@ -199,7 +199,7 @@ def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq:
     from ..train.export import _publish
 
     if scheme == "w4":
-        return build_w4(out, config, weights, tok, block_size or 32, source)
+        return build_w4(out, config, weights, tok, block_size or 32, source, calib, seq)
     if scheme in ("lut4", "lut6"):
         return build_lut(out, config, weights, tok, int(scheme[3:]), calib, seq, group_size, block_size)
     cal = cal or calibration(config, weights, calib, seq, progress, w8=scheme == "w8")
@@ -216,20 +216,26 @@ def build_folder(out: Path, config, weights: dict, tok, scheme: str, calib, seq:
     return _publish(out, lambda d: _write(d, cfg, tensors, tok)), plan, chan
 
 
-def build_w4(out: Path, config, weights: dict, tok, block_size: int, source: Path | None = None):
+def build_w4(out: Path, config, weights: dict, tok, block_size: int, source: Path | None = None, calib=None,
+             seq: int = 512):
+    """W4: blocks fitted on the input moments of `calib` (quant/w4.py) where it has MOMENT_TOKENS."""
     from ..train.export import _publish
-    from .w4 import w4_blocks
+    from .lut import input_moments
+    from .w4 import MOMENT_TOKENS, TABLE_BLOCK, w4_blocks, w4_tables
 
     if any(weights[n + ".weight"].shape[1] % block_size for n in linear_names(config)) or block_size % 2:
         raise InputError(f"--block-size {block_size} does not divide every linear's inputs (hidden size "
                          f"{config.hidden_size}): expected an even divisor, such as 32")
-    blocks, how = w4_blocks(config, weights, block_size, source)
+    moments = input_moments(config, weights, calib, seq) if len(calib or ()) >= MOMENT_TOKENS else None
+    blocks, how = w4_blocks(config, weights, block_size, source, moments)
     plan = QuantPlan("w4", {n: InputQuant() for n in blocks}, config.model_type, blocks)
-    tensors = pack_w4(config, weights, blocks, block_size)
+    tables = w4_tables(config, weights, moments)
+    tensors = pack_w4(config, weights, blocks, block_size, tables)
     cfg = {**config.to_dict(), "torch_dtype": "float32",
            "quantization_config": {"quant_method": METHOD, "scheme": "w4", "bits": 4, "block_size": block_size,
                                    "weights": f"uint4 blocks of {block_size} inputs, fp16 scales and offsets",
-                                   "tables": f"int8 blocks of {block_size}, fp16 scales", "activations": "fp16",
+                                   "tables": f"uint4 blocks of {TABLE_BLOCK}, fp16 scales and offsets" if tables
+                                   else f"int8 blocks of {block_size}, fp16 scales", "activations": "fp16",
                                    "blocks": how}}
     return _publish(out, lambda d: _write(d, cfg, tensors, tok)), plan, {}
 
@@ -237,17 +243,23 @@ def build_w4(out: Path, config, weights: dict, tok, block_size: int, source: Pat
 def build_lut(out: Path, config, weights: dict, tok, bits: int, calib, seq: int, group: int | None, block: int | None):
     """LUT4/LUT6 (quant/lut.py): k-means tables counted by the calibration text's input moments."""
     from ..train.export import _publish
-    from .lut import DEFAULTS, input_moments, lut_tables
+    from .lut import DEFAULTS, choose_block, input_moments, lut_tables
 
+    moments, tried = input_moments(config, weights, calib, seq), None
+    held = held_part(list(calib), getattr(config, "bos_token_id", None))[1]
+    if bits == 4 and block is None and held:  # tables chosen on held-out calibration text (quant/lut.py)
+        block, luts, tried = choose_block(config, weights, group or DEFAULTS[bits][0], held, seq, moments)
     group, block = group or DEFAULTS[bits][0], block or DEFAULTS[bits][1]
-    luts = lut_tables(config, weights, bits, group, block, input_moments(config, weights, calib, seq))
+    if tried is None:
+        luts = lut_tables(config, weights, bits, group, block, moments)
     plan = QuantPlan(f"lut{bits}", {n: InputQuant() for n in luts}, config.model_type, luts)
     most = max(lq.block for lq in luts.values())
     cfg = {**config.to_dict(), "torch_dtype": "float32",
            "quantization_config": {"quant_method": METHOD, "scheme": f"lut{bits}", "bits": bits, "group_size": group,
                                    "block_size": most, "weights": f"uint{bits} indices packed, an fp16 table of "
                                    f"{2 ** bits} per {group} rows by up to {most} inputs (k-means)",
-                                   "tables": "int8 blocks of 32, fp16 scales", "activations": "fp16"}}
+                                   "tables": "int8 blocks of 32, fp16 scales", "activations": "fp16",
+                                   **({"chosen_on": {str(b): r for b, r in tried.items()}} if tried else {})}}
     return _publish(out, lambda d: _write(d, cfg, pack_lut(config, weights, luts), tok)), plan, {}
 
 

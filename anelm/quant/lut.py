@@ -26,6 +26,16 @@ So lut4 takes a table per row and 192 inputs (the largest divisor of a linear's 
 114.7 MB = 43 %). A 4-bit table per whole row, what palettizers usually do, cannot hold this
 small a model: 16 values for 576 weights spread by the norm gains and the outliers.
 Row folds (kernels/int8.py) go into a tile's table when its rows share the factor.
+
+lut4 without --block-size, given calibration text with a held-out part (w8a8.held_part: 512
+tokens or more), chooses its tables per model as quant/w8a8.py chooses (`choose_block`): a table
+per row and 192, then 64 inputs, the first whose perplexity there on the CPU reference stays
+within LIMIT (docs/quantization.md's lut4 bound) of the unquantized model's, else the lesser.
+Not 32: 16 fp16 entries per 32 weights make 1.5 bytes a weight, more than W8. Scored on the
+calibration text itself instead (256 tokens, all of which calibrate), the choice misleads:
+SmolLM2 there x1.244 at 192 inputs, which measures x1.048 on the next 128 tokens. Gemma 3 270M,
+float32 CPU, its 255 held-out Apache tokens after 256 calibrating: x1.035 at 64 inputs (at 128
+or 160, its linears' defaults: x1.098 on the emulator).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from ..models.quantized import LutQuant, linear_names
 
 ITERATIONS = 40  # Lloyd steps at most: 300 measured no better (local optima, not unfinished runs)
 DEFAULTS = {4: (1, 192), 6: (16, 1 << 30)}  # bits -> (rows, most inputs) a table spans (module doc)
+CHOICES, LIMIT = (192, 64), 0.05  # lut4's tile inputs tried, coarsest first; its bound (module doc)
 
 
 def palettize(w: np.ndarray, bits: int, group: int, block: int, importance: np.ndarray | None = None) -> LutQuant:
@@ -104,9 +115,26 @@ def lut_tables(config, weights: dict[str, np.ndarray], bits: int, group: int, bl
                          (importance or {}).get(n)) for n in names}
 
 
+def choose_block(config, weights: dict[str, np.ndarray], group: int, ids, seq: int, moments: dict):
+    """lut4's tile inputs, chosen (module doc): (inputs, the tables, {inputs: perplexity ratio of
+    `ids` on the CPU reference}) for the first of CHOICES within LIMIT, else the least ratio."""
+    from .smooth import score
+
+    source, tried, luts = score(config, weights, ids, seq), {}, {}
+    for block in CHOICES:
+        luts[block] = lut_tables(config, weights, 4, group, block, moments)
+        dense = {n + ".weight": lq.dense() for n, lq in luts[block].items()}
+        tried[block] = score(config, {**weights, **dense}, ids, seq) / source
+        if tried[block] <= 1 + LIMIT:
+            return block, luts[block], tried
+    block = min(tried, key=tried.get)
+    return block, luts[block], tried
+
+
 def input_moments(config, weights: dict[str, np.ndarray], ids, seq_len: int) -> dict[str, np.ndarray]:
     """{HF linear: the mean square of each input channel} over windows of `ids`, from the CPU
-    reference (every projection's input, as quant/calibrate.py sees it)."""
+    reference (every projection's input, as quant/calibrate.py sees it), and the head's input
+    (the final norm's output) under the weight the head multiplies (the embedding when tied)."""
     from ..models.loading import build_model
     from ..models.names import layer_prefix
 
@@ -119,7 +147,13 @@ def input_moments(config, weights: dict[str, np.ndarray], ids, seq_len: int) -> 
         acc[key] = (s + (np.asarray(x, np.float64) ** 2).sum(axis=0), n + len(x))
         return plain(i, name, x)
 
-    model.project = project
+    def head(x: np.ndarray) -> np.ndarray:  # the head's input, every position, under its weight's name
+        y = np.asarray(model.final_norm(x), np.float64)
+        s, n = acc.get(model.head_name, (0.0, 0))
+        acc[model.head_name] = (s + (y ** 2).sum(axis=0), n + len(y))
+        return y[-1:]
+
+    model.project, model.head = project, head
     for i in range(0, len(ids), seq_len):
-        model.prefill(list(ids[i:i + seq_len]), model.new_cache(), last_only=True)
+        model.prefill(list(ids[i:i + seq_len]), model.new_cache())
     return {k: s / n for k, (s, n) in acc.items()}

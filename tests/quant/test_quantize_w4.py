@@ -214,3 +214,19 @@ def test_other_families_against_the_cpu_reference(kind, tmp_path):
     config, weights, _ = load_model(folder)
     err = device_against_cpu(config, weights)
     assert err < 3e-2, err
+
+
+def test_4bit_tables_read_back_as_their_blocks(tiny):
+    """quant/w4.py's w4_tables: a table stored as 4-bit blocks (Gemma 3's tied embedding) reads
+    back as its blocks, the one weight the row lookup and the tied head both read."""
+    from anelm.models.quantized import linear_names, pack_w4, unpack_w4
+    from anelm.quant.w4 import fit_blocks
+
+    config, weights, _ = load_model(tiny[0])
+    emb = "model.embed_tokens.weight"
+    bq = fit_blocks(weights[emb], 32, np.linspace(0.5, 2, 64))
+    linears = {n: quantize_blocks(weights[n + ".weight"], BLOCK) for n in linear_names(config)}
+    raw = pack_w4(config, weights, linears, BLOCK, {emb: bq})
+    assert raw[emb].dtype == np.uint8 and raw[emb + "_scale"].shape == (96, 2) and raw[emb + "_offset"].dtype == np.float16
+    out, _ = unpack_w4(raw, config, "test")
+    assert np.array_equal(out[emb], bq.dense()) and not any(k.startswith(emb + "_") for k in out)
