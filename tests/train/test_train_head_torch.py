@@ -27,11 +27,11 @@ from anelm.errors import UsageError  # noqa: E402
 from anelm.models.config import LlamaConfig  # noqa: E402
 from anelm.train import cpu_ops as ops  # noqa: E402
 from anelm.train import head_torch  # noqa: E402
-from anelm.train.corpus import write_corpus  # noqa: E402
 from anelm.train.init import init_weights  # noqa: E402
 from anelm.train.metrics import read_metrics  # noqa: E402
 from anelm.train.placement import fastest_head, head_seconds  # noqa: E402
 from anelm.train.step import DeviceTrainStep  # noqa: E402
+from test_train_head_device import corpus, train  # noqa: E402,F401 - the same 20-step run and corpus
 
 ROUND_OFF = 1e-5
 
@@ -177,19 +177,6 @@ def test_bench_train_predicts_the_placement_with_gpu_ms(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["head_on"] == "gpu" and r["embed_on"] == "gpu" and r["predicted_breakdown"]["gpu_ms"] > 0
     assert r["predicted_step_ms"] == pytest.approx(sum(r["predicted_breakdown"].values()))
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("torch_head") / "stories.txt", n_bytes=30_000, seed=5)
-
-
-def train(out, data, steps=20, **over):
-    flags = {"data": data, "steps": steps, "batch-size": 2, "seq-len": 16, "bpe-vocab-size": 300,
-             "save-every": 10, "eval-every": 10, "eval-batches": 1, "sample-tokens": 0, "lr": 3e-3,
-             "grad-accum": 2, "out": out, "device": "emulator", **over}
-    assert main(["train", *[f"--{k}={v}" for k, v in flags.items()]]) == 0
-    return {r["step"]: r for r in read_metrics(out) if "loss" in r}
 
 
 def test_training_with_the_ends_on_the_torch_device_logs_the_all_device_losses_and_resumes(
