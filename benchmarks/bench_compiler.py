@@ -39,7 +39,7 @@ def bench_compile(layers: int, dim: int, heads: int, hidden: int, seq: int, roun
     from anelm.chip.profile import STRICT
     from anelm.compiler.pipeline import run_pipeline
     from anelm.compiler.codegen import emit
-    from anelm.device.emulator_builder import build_plan
+    from anelm.device.emulator.builder import build_plan
     from anelm.mil.parser import parse
     from anelm.mil.text import print_program
 

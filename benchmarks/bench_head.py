@@ -149,7 +149,7 @@ def main() -> int:
     from anelm.chip.profile import STRICT
     from anelm.device.base import compile_count
     from anelm.device.emulator import Emulator
-    from anelm.device.emulator_matvec import HalfMatrix
+    from anelm.device.emulator.matvec import HalfMatrix
     from gemma3 import gemma3_gguf  # benchmarks/gemma3.py
 
     tiles = [int(n) for n in args.tiles.split(",")]

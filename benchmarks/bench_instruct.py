@@ -56,8 +56,8 @@ def peak_rss_mb() -> float:
 
 def fractions(examples, seq_len: int, pack: bool) -> dict:
     """Padding and counted fractions of the slots of the examples' sequences (one epoch)."""
-    from anelm.train.cpu_ops import IGNORE
-    from anelm.train.packing import fit, sequences
+    from anelm.train.steps.cpu_ops import IGNORE
+    from anelm.train.data.packing import fit, sequences
 
     x, y, _ = sequences(examples, seq_len, pack)
     held = sum(len(e.ids) - 1 for e in fit(examples, seq_len)[0] if len(e.ids) >= 2)
@@ -111,8 +111,8 @@ def run_peft(a) -> dict:
 
     from anelm.models.adapters import resolve_targets
     from anelm.models.loading import load_model
-    from anelm.train.examples import load_data
-    from anelm.train.packing import ExampleBatcher
+    from anelm.train.data.examples import load_data
+    from anelm.train.data.packing import ExampleBatcher
 
     torch.set_num_threads(a.torch_threads)
     config, _, tok = load_model(a.model)  # our tokenizer and template: the ids anelm trains on
@@ -155,7 +155,7 @@ def worker(a) -> None:
 
 def padding_table(a) -> None:
     from anelm.models.loading import load_model
-    from anelm.train.examples import load_data
+    from anelm.train.data.examples import load_data
 
     tok = load_model(a.model)[2]
     lengths = sorted({64, 96, 128, 256, a.seq_len})

@@ -34,13 +34,13 @@ import torch.nn.functional as F
 from anelm.device.emulator import Emulator
 from anelm.chip.profile import STRICT
 from anelm.models.config import LlamaConfig
-from anelm.train import cpu_ops as ops
+from anelm.train.steps import cpu_ops as ops
 from anelm.train.init import init_weights
 from threadpoolctl import threadpool_limits
 
 from anelm.runtime.threads import share_blas_between
 from anelm.train.optim import AdamW, update_scale
-from anelm.train.step import DeviceTrainStep
+from anelm.train.steps.llama import DeviceTrainStep
 from timing import best_of  # benchmarks/timing.py, beside this script
 
 

@@ -84,7 +84,7 @@ def byte_tokenizer(eos_id: int = 256):
     `ByteLevel.alphabet()` lists its characters in a different order in every process."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from anelm.models.tokenizer_base import HFTokenizer
+    from anelm.models.tokenizer.base import HFTokenizer
 
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]  # bytes shown as themselves
     shifted = iter(range(256, 512))

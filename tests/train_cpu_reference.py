@@ -1,9 +1,9 @@
 """CPU pieces of a Llama training step that the package does not run, kept as references for
 the tests: the forward linears and SwiGLU gate (the device kernels compute them), the GQA
 expansion and its transpose (the attention kernels broadcast and sum over each group on the
-device), and the classifier's dx (folded into the head's backward in `train/step.py`).
+device), and the classifier's dx (folded into the head's backward in `train/steps/llama.py`).
 
-They use `anelm.train.cpu_ops`' layout: channel-first `[C, S]` float32, weights `[out, in]`.
+They use `anelm.train.steps.cpu_ops`' layout: channel-first `[C, S]` float32, weights `[out, in]`.
 """
 
 import numpy as np

@@ -25,7 +25,7 @@ def dry_run(explicit: dict) -> int:
     else:
         cfg, defaults = get_preset(preset), TRAIN_DEFAULTS.get(preset, {})
     s = TrainSettings.merge(explicit, None, defaults).resolved()
-    # `--head-on auto` as the model resolves it for each chip (train/placement.py)
+    # `--head-on auto` as the model resolves it for each chip (train/steps/placement.py)
     spec = anelm_spec(cfg, s.seq_len, s.batch_size, s.grad_accum, s.pipeline, s.head_on)
     print(f"anelm: dry run: {explicit.get('init_from') or preset}, {s.batch_size}x{s.seq_len} tokens "
           f"x{s.grad_accum} accum, {s.pipeline} pipeline, {s.steps} steps", file=sys.stderr)

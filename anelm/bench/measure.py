@@ -61,7 +61,7 @@ def time_program(artifact, device, repeat: int = 3) -> Timing:
 def time_train_step(config: dict, device, seq_len: int, batch: int, pipeline: str, repeat: int = 2) -> Timing:
     """Seconds of one forward + backward (loss_and_grads) of `config` on `device`, random weights."""
     from ..train.init import init_weights, model_config
-    from ..train.step import DeviceTrainStep
+    from ..train.steps.llama import DeviceTrainStep
 
     cfg = model_config(config)
     rng = np.random.default_rng(0)

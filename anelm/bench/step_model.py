@@ -1,11 +1,11 @@
 """The predicted training step: the device kernels, the CPU side, and how they overlap.
 
 A step is `accum` micro-steps of `batch` sequences of S tokens, then one optimizer update.
-Per micro-step, as the trainer (anelm/train/step.py) and maderix's dynamic pipeline run it:
+Per micro-step, as the trainer (anelm/train/steps/llama.py) and maderix's dynamic pipeline run it:
 
     forward    per layer: device qkv, sdpa_fwd, wo, ffn_up, ffn_down; CPU norms, RoPE, residuals
     head       CPU final norm, classifier logits and dy (sgemm), softmax cross-entropy; or in
-               vocabulary tiles on the ANE, or on the GPU (train/placement.py)
+               vocabulary tiles on the ANE, or on the GPU (train/steps/placement.py)
     backward   per layer: device dx kernels; CPU SwiGLU backward, norm backward, inverse RoPE
     dW         CPU sgemm on a worker queue, overlapping the backward (anelm: and the next micro-
                step's forward, but for the last); only what outlasts them shows
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..models.names import has_head_norms
-from ..train.cpu_ops import matmul_flops
-from ..train.placement import fastest_head, head_seconds
+from ..train.steps.cpu_ops import matmul_flops
+from ..train.steps.placement import fastest_head, head_seconds
 from . import orion
 from ..chip.catalog import RMSNORM_BYTES_PER_ELEMENT, Chip
 from ..chip.cost import IO_BYTES, eval_time
@@ -69,7 +69,7 @@ class StepSpec:
     cpu_rope_forward: bool = True
     clamp_inputs: bool = True
     # a separate pass adding each micro-batch's gradients to the accumulator; anelm's trainer,
-    # like maderix's, accumulates inside the dW sgemm (β = 1, train/gemm.py) and has none
+    # like maderix's, accumulates inside the dW sgemm (β = 1, train/steps/gemm.py) and has none
     accumulate_pass: bool = False
     rope: bool = True                    # False: the program has no rotary embedding anywhere
     cpu_norm_forward: bool = True
@@ -81,7 +81,7 @@ class StepSpec:
     scalar_cross_entropy: bool = False
     classifier_dw_on_main: bool = False
     zero_and_scale_grads: bool = False
-    # where the classifier and its loss run (train/placement.py: "cpu", "ane" in vocabulary
+    # where the classifier and its loss run (train/steps/placement.py: "cpu", "ane" in vocabulary
     # tiles, or "auto", the one predicted faster on the chip); the references' run on the CPU
     head_on: str = "cpu"
     # where the embedding's gather and scatter run: "cpu", or "gpu" (rows and their gradient
@@ -111,11 +111,11 @@ class StepSpec:
 def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str, head_on: str,
                embed_on: str = "cpu") -> StepSpec:
     """anelm's own step as the trainer runs it on the ANE: the classifier at `head_on`, and the
-    SwiGLU backward on the device for the Llama family (train/step.py)."""
+    SwiGLU backward on the device for the Llama family (train/steps/llama.py)."""
     from ..kernels.families import family_for
 
     family = family_for(config.get("model_type", "llama"))
-    swiglu = family.gated and family.activation == "silu"  # as train/step.py decides it
+    swiglu = family.gated and family.activation == "silu"  # as train/steps/llama.py decides it
     return StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=swiglu,
                     dw_overlaps_forward=swiglu, embed_on=embed_on, head_ahead=True)
 
@@ -179,7 +179,7 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     other_fwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.cpu_rope_forward and spec.rope else 0)
                               + (8 * (2 * m.d + qkv) if spec.clamp_inputs else 0) + (12 * qkv if qk else 0)) / vec
     other_bwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.rope else 0) + (20 * qkv if qk else 0)) / vec
-    # final norm and embedding gather as bytes; the classifier where it runs (train/placement.py:
+    # final norm and embedding gather as bytes; the classifier where it runs (train/steps/placement.py:
     # on the CPU its cross-entropy is the chip's CPU softmax per logit, or a scalar one's cost)
     ce = _cross_entropy_s(spec, chip)
     place = spec.head_on if spec.head_on != "auto" else fastest_head(vocab, m.d, m.s, spec.batch, spec.accum, chip, ce)

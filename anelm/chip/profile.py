@@ -47,7 +47,7 @@ class ChipProfile:
     accumulator_limit: float | None = 32768  # |result| >= limit is +-inf; None: no limit
     accumulator: str = "fp32"  # "fp32", or "q15.16": fixed point, LSB 2^-16, partial sums limited
     # quantize's ties: MIL's reference rounds half to even; the M6 study saw fp16 outputs round
-    # half away from zero. Unmeasured for quantize itself; see device/emulator_int8.py
+    # half away from zero. Unmeasured for quantize itself; see device/emulator/int8.py
     quantize_rounding: str = "half_even"
     # --- I/O widths (the 16-column spatial multiple): the last dim of every input and output
     # surface. Orion saw S = 1 compile, then fail at evaluation; rustane, silent corruption at

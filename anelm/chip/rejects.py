@@ -2,7 +2,7 @@
 keyed by the profile field that switches it on (or by a name, for the rules every profile has).
 
 The compiler's validation (`compiler/passes/validate.py`, on the graph) and the emulator's
-compile checks (`device/emulator_checks.py`, on parsed MIL) look at different forms of a
+compile checks (`device/emulator/checks.py`, on parsed MIL) look at different forms of a
 program, so each finds a broken rule its own way; both then raise the error of this table, so
 a rule reads the same whichever of the two meets it first:
 

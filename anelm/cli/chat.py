@@ -39,7 +39,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..generate.chat import History, PromptCache, reply_room
     from ..generate.generate import generate
-    from ..models.tokenizer_base import PLAIN_STOP
+    from ..models.tokenizer.base import PLAIN_STOP
 
     opts = sampling(args)
     config, weights, tok = load(args)

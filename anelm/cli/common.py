@@ -40,8 +40,8 @@ def check_before_loading(args, device: bool = True) -> None:
     if getattr(args, "adapter", None) is not None:
         from pathlib import Path
 
-        from ..models.adapters import AdapterError  # first: adapters_peft imports from it
-        from ..models.adapters_peft import adapter_folder
+        from ..models.adapters import AdapterError  # first: formats.peft imports from it
+        from ..models.formats.peft import adapter_folder
 
         if not Path(args.adapter).exists():
             raise AdapterError(f"--adapter {args.adapter} does not exist: expected a PEFT LoRA folder or a "

@@ -19,7 +19,8 @@ import re
 import sys
 
 from ..chip.profile import ChipProfile, load_profile
-from ..device import machine, selftest
+from ..device import machine
+from ..device.ane import selftest
 from ..device.isolate import make_device
 from ..errors import DeviceError, UsageError
 

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.distributed:
         return go(make(), None)
-    from ..train.dist_setup import share_setup
+    from ..train.distributed.setup import share_setup
     from ..train.distributed import join
 
     group = join(args.dist_timeout)

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_jsonl(args: argparse.Namespace) -> int:
     from ..generate.perplexity import score_records, windows
-    from ..train.instruct import encode_records, read_records
+    from ..train.data.instruct import encode_records, read_records
 
     path = Path(args.data)
     shape, records = read_records(path)  # every line checked before the model loads

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.data:
         text = read_text(args.data)
     else:
-        from ..train.corpus import generate_corpus
+        from ..train.data.corpus import generate_corpus
 
         text = generate_corpus(60_000)
     from ..chip.profile import load_profile

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     explicit = {n: getattr(args, n) for n in TrainSettings.names()}
     if not args.distributed:
         return _train(args, profile, prepare(explicit, out, args.resume), None)
-    from ..train.dist_setup import share_setup
+    from ..train.distributed.setup import share_setup
     from ..train.distributed import join
 
     if explicit.get("pipeline") == "static" and profile.compile_budget:

@@ -142,7 +142,7 @@ class Device(ABC):
         `read_columns` = n promises that the caller reads only the first n spatial columns of
         every output (a decode token padded to 16 columns reads 1): a device may leave the
         others unwritten. The ANE computes every column anyway; the emulator skips the rest
-        when the program is column-separable (`emulator_columns`). `batched` asks for every
+        when the program is column-separable (`emulator.columns`). `batched` asks for every
         column in one pass (a caller that reads most of them: the emulator's one product over
         all columns beats one per column, its sums rounding as the full plan's do). `only`
         names the outputs the caller reads: the others may be left as they were (the emulator

@@ -26,7 +26,8 @@ def _try_ane(profile: ChipProfile) -> tuple[Device | None, str]:
     and source): an Objective-C exception or a SIGSEGV there costs the child, not this process.
     """
     try:
-        from . import ane, selftest  # noqa: PLC0415 - only on demand: it binds private frameworks
+        from . import ane  # noqa: PLC0415 - only on demand: it binds private frameworks
+        from .ane import selftest  # noqa: PLC0415
     except Exception as e:  # noqa: BLE001 - a missing or broken backend is a reason, not a crash
         return None, f"backend did not import: {type(e).__name__}: {e}"
     try:

@@ -248,7 +248,7 @@ def evaluation_seconds(artifact: Any, device: str, fraction: float = 1.0) -> flo
     if not cost:
         return 0.0
     if device == "emulator":
-        from ..device.emulator_cost import emulated_seconds
+        from ..device.emulator.cost import emulated_seconds
 
         return emulated_seconds(cost, fraction)
     from ..chip.cost import KernelCost, eval_time, host_io_time

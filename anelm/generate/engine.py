@@ -74,8 +74,8 @@ def load_adapter(model: str | Path, adapter: str | Path | None, config: Any) -> 
     """The LoRA adapter in folder `adapter`, checked against the base (None without one)."""
     if adapter is None:
         return None
-    from ..models.adapters_peft import load_peft
-    from ..models.quantized import refuse_quantized
+    from ..models.formats.peft import load_peft
+    from ..models.formats.quantized import refuse_quantized
 
     refuse_quantized(model, "--adapter")
     return load_peft(adapter, config)

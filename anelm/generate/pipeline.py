@@ -58,7 +58,7 @@ import numpy as np
 from ..compiler.artifact import profile_identity
 from ..compiler.pipeline import compile_graph
 from ..device.base import Device
-from ..device.emulator_matvec import HalfMatrix
+from ..device.emulator.matvec import HalfMatrix
 from ..device.fp16 import round_fp16
 from ..device.select import get_device
 from ..kernels.decode import decode_layer
@@ -125,7 +125,7 @@ class DeviceRunner(DevicePasses):
         self.rings = tuple(ring_size(s.window, self.columns) for s in self.shapes)
         self.chunk = chunk_width(self.columns, [s.window for s in self.shapes], self.rings)  # tokens a pass takes
         # per layer {linear: (W, b)} with the norms' affines and the attention scale folded in
-        quant = getattr(weights, "quant", None)  # a quantized folder (models/quantized.py): int8 linears
+        quant = getattr(weights, "quant", None)  # a quantized folder (models/formats/quantized.py): int8 linears
         self._store = program_store()
         self.layers, self._blobs = [], []  # _blobs: per layer, its weight files by digest (program_store)
         for i, s in enumerate(self.shapes):

@@ -28,7 +28,7 @@ appends it from k_new afterwards), so the softmax runs over two parts without jo
 No op mixes columns: the scores are `[Hkv, G, T, W]` (cache positions down, columns across),
 s_new is each column's own q·k, and every reduction runs over positions or channels. So each
 column is a token of its own, padding cannot reach column 0, and the emulator evaluates only
-the column the host reads (device/emulator_columns.py).
+the column the host reads (device/emulator/columns.py).
 
 Several tokens at once (a chunk of up to W, `decode_mask(tokens=k)`): column j is the token at
 position length + j, which must also see the chunk's tokens before it. Their keys are no

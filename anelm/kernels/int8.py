@@ -1,4 +1,4 @@
-"""The quantized layer a `QuantPlan` (models/quantized.py) gives: each kernel linear as a
+"""The quantized layer a `QuantPlan` (models/formats/quantized.py) gives: each kernel linear as a
 `qlinear.QLinear`, the norm gains on their inputs.
 
 Norm affines and int8 (`unfolded_params`): `kernels/layers.layer_params` folds each norm's gain into the linears that read it,
@@ -9,7 +9,7 @@ int8 times a row scale, and quantizing the folded matrix instead costs accuracy:
 columns over a wider range. So an int8 layer is built with unit gains, and each gain is applied
 to the linear's input in the kernel (`QLinear.in_gain`, one mul that also carries the W8 shift).
 The folds that scale whole rows (attention scale, residual stream scale) stay: requantizing a
-row scaled by a power of two gives back the same int8 row (models/quantized.py).
+row scaled by a power of two gives back the same int8 row (models/formats/quantized.py).
 
 LayerNorm's shift (GPT-2) stays folded: W·(g ⊙ n + s) + b = W·(g ⊙ n) + (W·s + b) moves it into
 the bias, which is fp16 anyway. So the tensor an int8 linear of GPT-2 quantizes is g ⊙ n, the
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.quantized import InputQuant, LutQuant, QuantPlan
+from ..models.formats.quantized import InputQuant, LutQuant, QuantPlan
 from .layers import layer_params
 from .qlinear import QLinear, qlinear
 

@@ -11,7 +11,7 @@ form the references run on the chip. `kernels/int8.py` builds a layer's QLinears
 
 W4 (`int8.plan_layer_w4`): W = constexpr_blockwise_shift_scale(data = uint4 BLOBFILE [out, in, 1, 1],
 scale = fp16 [out, in/B, 1, 1], offset = fp16 or uint4 [out, in/B, 1, 1]) of the folder's blocks
-(models/quantized.py), then y = conv(x · gain, W) in fp16 like any fp16 conv: no shift, the
+(models/formats/quantized.py), then y = conv(x · gain, W) in fp16 like any fp16 conv: no shift, the
 accumulator sums the dense weight's products.
 LUT4/LUT6 (the same path): W = constexpr_lut_to_dense(indices = uint4/uint6 BLOBFILE [out, in, 1, 1],
 lut = fp16 [out/G, in/B, 1, 1, 2^bits, 1]) of the folder's tables. A row fold goes into the tables
@@ -46,7 +46,7 @@ import numpy as np
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
 from ..mil.blob import blob_backed
-from ..models.quantized import BlockQuant, InputQuant, LutQuant, quantize_rows
+from ..models.formats.quantized import BlockQuant, InputQuant, LutQuant, quantize_rows
 
 
 @dataclass(frozen=True)

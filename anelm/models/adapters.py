@@ -6,7 +6,7 @@ A float32 [r, in] and B float32 [out, r], exactly as PEFT stores `lora_A.weight`
 ("model.layers.3.self_attn.q_proj", "transformer.h.0.attn.c_attn"); GPT-2's fused `c_attn`
 carries one pair for q, k and v together, as PEFT treats it. Weights here are ours, [out, in]
 for every projection (GPT-2's Conv1D already turned by `gpt2.sanitize`), so `fan_in_fan_out`
-only matters in the files (`adapters_peft.py`) and the merge is W += scale · B @ A for all.
+only matters in the files (`formats/peft.py`) and the merge is W += scale · B @ A for all.
 
 Where a checkpoint fuses projections that anelm splits at load (Phi-3's qkv_proj, gate_up_proj:
 `Architecture.fused`), the adapter is PEFT's, on the fused module: one A, and B over the fused

@@ -63,7 +63,7 @@ def gguf_config(arch: str, get, path) -> dict:
     """Llama's fields from llama.cpp's `gemma3.*` metadata, plus the window. llama.cpp keeps the
     local RoPE base and the five-to-one layer pattern as constants (HF's defaults, too); it
     scales scores by head_dim^-0.5 except on the 27B (62 layers), which uses hidden / heads."""
-    from .gguf import llama_config
+    from .formats.gguf import llama_config
 
     d = llama_config(arch, get, path)
     d.update(sliding_window=get("attention.sliding_window"), hidden_act="gelu_pytorch_tanh",

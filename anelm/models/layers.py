@@ -51,7 +51,7 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
 
 # --- RoPE, HF's half-split convention: dimension i pairs with i + hd/2 ----------------------
 # The one definition of the tables: the CPU reference, the device graphs (kernels/) and the
-# training step (train/cpu_ops.py, channel-first) all take them from here.
+# training step (train/steps/cpu_ops.py, channel-first) all take them from here.
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
     """Per-pair angular frequencies [hd/2] of RoPE with base `theta` and HF's `scaling`

@@ -12,7 +12,7 @@ import numpy as np
 
 from .base import CausalLM
 from .config import LlamaConfig
-from .llama2c import qk_interleaved_to_half
+from .formats.llama2c import qk_interleaved_to_half
 from .registry import LLAMA_ENDS, LLAMA_MODULES, LLAMA_PROJECTIONS, Architecture
 from .layers import (apply_rope, attention, layer_inv_freqs, linear, per_distinct, rms_norm, rope_tables, silu,
                      split_heads)

@@ -19,12 +19,12 @@ import numpy as np
 from .base import CausalLM, check_weights
 from .config import ModelConfig, config_from_dict
 from .errors import LoadError
-from .llama2c import read_llama2c
-from .quantized import QuantizedWeights, quant_config, scheme_of, unpack
+from .formats.llama2c import read_llama2c
+from .formats.quantized import QuantizedWeights, quant_config, scheme_of, unpack
 from .registry import architecture
-from .safetensors_io import SafetensorsError, read_safetensors
+from .formats.safetensors_io import SafetensorsError, read_safetensors
 from .tokenizer import find_tokenizer, load_tokenizer
-from .tokenizer_base import Tokenizer
+from .tokenizer.base import Tokenizer
 
 KINDS = "an HF folder, a RUN folder, a quantized folder, a llama2.c .bin or a .gguf file"
 STEP_FILE = re.compile(r"step-(\d+)\.safetensors")
@@ -51,7 +51,7 @@ def load_model(path: str | os.PathLike, tokenizer: str | os.PathLike | None = No
             raise LoadError(f"model not found: {path}: expected {KINDS}, or an HF repo id")
     tok = None
     if p.is_file() and p.suffix == ".gguf":
-        from .gguf import read_gguf
+        from .formats.gguf import read_gguf
 
         (config, raw, tok), tok_dir = read_gguf(p), None
     elif p.is_dir():

@@ -60,7 +60,7 @@ def gguf_claims(meta: dict[str, Any]) -> bool:
 
 
 def gguf_config(arch: str, get, path) -> dict:
-    from .gguf import llama_config
+    from .formats.gguf import llama_config
 
     return {**llama_config(arch, get, path), "sliding_window": int(get("attention.sliding_window"))}
 

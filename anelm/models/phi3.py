@@ -175,7 +175,7 @@ def unsanitize(weights: dict[str, np.ndarray], config: Config) -> dict[str, np.n
 def gguf_config(arch: str, get, path) -> dict:
     """Llama's keys, the rotated dimensions (of hidden / heads, as llama.cpp counts them), the
     window (0: none) and the original context; LongRoPE's factors are tensors (`gguf.py`)."""
-    from .gguf import llama_config
+    from .formats.gguf import llama_config
 
     hd = get("embedding_length") // get("attention.head_count")
     rot = int(get("rope.dimension_count", hd))

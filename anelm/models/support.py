@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .quantized import SCHEMES
+from .formats.quantized import SCHEMES
 from .registry import MODEL_TYPES, arch, module
 
 # the names people know an architecture by (a model type missing here shows as itself)
@@ -41,7 +41,7 @@ class Format:
 
 def llama2c_model_type() -> str:
     """The architecture a llama2.c checkpoint loads as: the config class its reader returns."""
-    from . import llama2c
+    from .formats import llama2c
 
     config_class = typing.get_args(typing.get_type_hints(llama2c.read_llama2c)["return"])[0]
     return config_class.model_type

@@ -6,7 +6,7 @@ to int8 per output channel (W8), optionally with int8 activations at static per-
     calibrate.py  activation ranges of every linear input, from the CPU reference
     command.py    `anelm quantize`: calibrate, quantize, score, write, report
 
-The weight format (rows, the folder, reading it back) is `anelm/models/quantized.py`; the int8
+The weight format (rows, the folder, reading it back) is `anelm/models/formats/quantized.py`; the int8
 kernels (`QLinear` as MIL) are `anelm/kernels/qlinear.py`; the emulator's int8 arithmetic is
-`anelm/device/emulator_int8.py`.
+`anelm/device/emulator/int8.py`.
 """

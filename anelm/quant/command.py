@@ -68,7 +68,7 @@ from ..models.errors import InputError
 from .calibrate import calibrate
 from .w8a8 import Choice, build, choose, held_part
 from .report import DEFAULT_CHIP, folder_breakdown, larger_note, predicted_decode
-from ..models.quantized import (METHOD, InputQuant, LutQuant, QuantPlan, check_supported, linear_names, pack,
+from ..models.formats.quantized import (METHOD, InputQuant, LutQuant, QuantPlan, check_supported, linear_names, pack,
                                pack_lut, pack_w4, power_of_two_above, quantize_rows, refuse_quantized)
 
 ACC_TARGET = 8192.0  # W8: largest calibrated unscaled sum after the shift
@@ -264,7 +264,7 @@ def build_lut(out: Path, config, weights: dict, tok, bits: int, calib, seq: int,
 
 
 def _write(d: Path, cfg: dict, tensors: dict, tok) -> None:
-    from ..models.safetensors_io import save_safetensors
+    from ..models.formats.safetensors_io import save_safetensors
 
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     save_safetensors(d / "model.safetensors", tensors, metadata={"format": "pt"})

@@ -1,5 +1,5 @@
 """LUT4/LUT6: every linear palettized, one table of 2^bits fp16 values per tile of rows by inputs
-(docs/quantization.md; the format is models/quantized.py's `LutQuant`).
+(docs/quantization.md; the format is models/formats/quantized.py's `LutQuant`).
 
 Each tile's values are clustered by Lloyd's k-means in one dimension, each weight counted by the
 mean square of its input over the calibration text (`input_moments`: the output error a weight
@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.errors import InputError
-from ..models.quantized import LutQuant, linear_names
+from ..models.formats.quantized import LutQuant, linear_names
 
 ITERATIONS = 40  # Lloyd steps at most: 300 measured no better (local optima, not unfinished runs)
 DEFAULTS = {4: (1, 192), 6: (16, 1 << 30)}  # bits -> (rows, most inputs) a table spans (module doc)

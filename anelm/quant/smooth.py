@@ -17,7 +17,7 @@ Where x/s is made (`sites`), exactly and without a new op or a new tensor in the
     GPT-2's proj        not smoothed: gelu(fc x) has no factor to fold into
 
 Folding into rows keeps those rows' int8 exact (a row times one factor requantizes to the same
-int8, models/quantized.py), and the folder is an ordinary W8A8 folder: its norm gains, v and up
+int8, models/formats/quantized.py), and the folder is an ordinary W8A8 folder: its norm gains, v and up
 rows carry 1/s, its consumers' int8 rows carry s, and every reader computes the same model.
 The kernel's other way to divide an input, a per-channel multiply (`QLinear.in_gain`), gives
 the same float model but needs a tensor per linear in the folder that its layout lacks, and

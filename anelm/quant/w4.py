@@ -1,4 +1,4 @@
-"""W4: the 4-bit blocks of every linear (docs/quantization.md; the format is models/quantized.py's).
+"""W4: the 4-bit blocks of every linear (docs/quantization.md; the format is models/formats/quantized.py's).
 
 From float weights each block of `block` inputs is put on 16 levels with fp16 scale and offset:
 min..max (`quantize_blocks`, Q4_1's grid), or, given `moments` (each input channel's mean square
@@ -57,7 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.quantized import BlockQuant, linear_names, quantize_blocks, table_names
+from ..models.formats.quantized import BlockQuant, linear_names, quantize_blocks, table_names
 
 GGUF_BLOCK = 32  # Q4_0 and Q4_1 blocks
 
@@ -145,7 +145,7 @@ def gguf_blocks(path: Path, config, weights: dict[str, np.ndarray]) -> dict[str,
     back the loaded weights exactly (module doc)."""
     import gguf
 
-    from ..models.gguf import _tensor_names  # the loader's HF name -> GGUF tensor map
+    from ..models.formats.gguf import _tensor_names  # the loader's HF name -> GGUF tensor map
     from ..models.loading import architecture
 
     reader = gguf.GGUFReader(path)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..models.quantized import QMAX, InputQuant, dequantize_rows, linear_names, quantize_rows
+from ..models.formats.quantized import QMAX, InputQuant, dequantize_rows, linear_names, quantize_rows
 from . import smooth
 
 OUTLIER_RATIO = 8.0  # a channel whose range exceeds this × the median channel's stays fp16

@@ -1,7 +1,12 @@
-"""Training, the host side: data and corpora (`data.py`, `corpus.py`), the run's settings and
-setup (`settings.py`, `run.py`, `presets.py`, `init.py`), the loop (`loop.py`) with its
-optimizer, schedule and loss scaler, the step split between device and CPU (`step.py`, whose
-kernels are `anelm/kernels/training.py`, run by `kernels_bank.py` and `pipeline_static.py`;
-its CPU half is `cpu_ops.py`), metrics, checkpoints, export and data-parallel training
-(`distributed.py`, `dist_*.py`). HF names come from `anelm.models.names`.
+"""Training, the host side.
+
+- `data/`: text, token files and chat/completion JSONL to batches (corpora, examples, packing);
+- the run: its settings and setup (`settings.py`, `run.py`, `presets.py`, `init.py`), the loop
+  (`loop.py`) with its optimizer, schedule and loss scaler, metrics, checkpoints and export;
+- `steps/`: the step split between device and CPU, one per layer family (`llama.py`,
+  `gemma.py`, `gpt2.py`) and LoRA (`lora.py`), the head wherever it runs, the CPU ops and dW
+  GEMMs; the kernels are `anelm/kernels/training.py`, run by `kernels_bank.py` and
+  `pipeline_static.py`;
+- `distributed/`: data-parallel training on torch.distributed.
+HF names come from `anelm.models.names`.
 """

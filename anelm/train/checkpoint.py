@@ -21,7 +21,7 @@ import numpy as np
 
 # the RUN folder's checkpoints are found where the loaders read them (models/loading.py)
 from ..models.loading import latest_checkpoint, list_checkpoints  # noqa: F401 - latest_checkpoint re-exported
-from ..models.safetensors_io import SafetensorsError, read_safetensors, save_safetensors
+from ..models.formats.safetensors_io import SafetensorsError, read_safetensors, save_safetensors
 from .errors import CheckpointError
 
 FORMAT = "anelm.checkpoint/1"

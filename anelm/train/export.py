@@ -44,7 +44,7 @@ def export_run(run: str | Path, out: str | Path, merge: bool = False,
     the checkpoint exported; None for a GGUF or an adapter). `base`: the model a finetune RUN
     was trained on, when it is no longer where its adapter_config.json says."""
     from ..models.loading import load_model
-    from ..models.quantized import refuse_quantized
+    from ..models.formats.quantized import refuse_quantized
 
     run, out = Path(run), Path(out)
     if not run.exists():
@@ -71,7 +71,7 @@ def export_run(run: str | Path, out: str | Path, merge: bool = False,
 def export_adapter(run: Path, out: Path, merge: bool, base: str | Path | None) -> Path:
     """A finetune RUN's adapter as a PEFT folder, or (`merge`) folded into its base as an HF folder."""
     from ..models.adapters import merge_weights
-    from ..models.adapters_peft import load_peft, save_peft
+    from ..models.formats.peft import load_peft, save_peft
     from ..models.loading import load_model, read_config
 
     if not merge:
@@ -120,7 +120,7 @@ def write_folder(d: Path, config, weights: dict[str, np.ndarray], run: Path | No
                   tokenizer=None) -> None:
     """The folder's files: the tokenizer files copied from `run`, or written by `tokenizer`."""
     from ..models.registry import architecture
-    from ..models.safetensors_io import save_safetensors
+    from ..models.formats.safetensors_io import save_safetensors
 
     cfg = {**config.to_dict(), "torch_dtype": "float32"}
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

@@ -66,7 +66,7 @@ def load_pretrained(hf_dir: str | Path):
     """(config dict with HF names, float32 weights, tokenizer or None) from an HF folder or GGUF,
     for `--init-from`: fine-tuning starts from these weights instead of random ones."""
     from ..models.loading import load_model
-    from ..models.quantized import refuse_quantized
+    from ..models.formats.quantized import refuse_quantized
 
     p = Path(hf_dir)
     if not (p.is_dir() or (p.is_file() and p.suffix == ".gguf")):

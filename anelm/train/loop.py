@@ -11,7 +11,7 @@ One optimizer step (`Trainer._update`):
 
 then a metrics record, an eval every --eval-every steps, a checkpoint every --save-every.
 Data-parallel (`sync`, a `distributed.Group`): each rank runs this same loop on its slice of
-every batch; the last micro-batch's gradients come back summed over the ranks (dist_grads),
+every batch; the last micro-batch's gradients come back summed over the ranks (distributed.grads),
 the loss is the mean over the ranks, and rank 0 alone writes metrics and checkpoints.
 Everything that decides a later loss (weights, AdamW moments, scaler, batch RNG, step) is
 in the checkpoint, so a run killed at any moment and resumed logs the same losses.
@@ -42,7 +42,7 @@ from .errors import CheckpointError, TrainError
 from .distributed import SOLO, check_world
 from .metrics import MetricsLog, NullLog, Progress, plot_loss
 from .optim import AdamW, accumulate_, adamw_flops, update_scale, zero_, zeros_like
-from .placement import resolve_head
+from .steps.placement import resolve_head
 from .run import RunSetup
 from .scaler import make_scaler, scaler_from_state
 from .schedule import CosineSchedule

@@ -9,7 +9,7 @@ exact resume are its own (`loop.Trainer`); what differs:
 - config.json carries `"anelm_finetune": {"rank", "alpha", "dropout", "targets", "base"}`
   beside the training settings, whose `init_from` is the base (`--model`; `base` is its
   absolute path, PEFT's `base_model_name_or_path`);
-- the parameters are the adapter tensors (`lora_step` names), initialized as PEFT does
+- the parameters are the adapter tensors (`steps.lora` names), initialized as PEFT does
   (`models.adapters.init_adapter`: A Kaiming-uniform, B zero, so step 0 is the base), and a
   checkpoint holds them and their AdamW moments, not the base, which is read again from
   `--model` on resume;
@@ -25,11 +25,11 @@ import numpy as np
 
 from ..errors import UsageError
 from ..models.adapters import LoraSpec, check_spec, init_adapter, resolve_targets
-from ..models.adapters_peft import save_peft
-from ..models.quantized import refuse_quantized
+from ..models.formats.peft import save_peft
+from ..models.formats.quantized import refuse_quantized
 from .errors import TrainError
 from .init import load_pretrained
-from .lora_step import adapter_params, adapter_shapes, params_adapter
+from .steps.lora import adapter_params, adapter_shapes, params_adapter
 from .run import SETTINGS_KEY, RunSetup, Trains, prepare, read_json, write_json
 from .steps import lora_train_step
 

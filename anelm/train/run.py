@@ -27,7 +27,7 @@ from ..atomic import atomic_open
 from ..errors import UsageError
 from .checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
 from .data import Dataset, vocab_size_of
-from .examples import ExampleSet, check_data, load_data
+from .data.examples import ExampleSet, check_data, load_data
 from .errors import TrainError
 from .init import init_weights, load_pretrained, model_config, weight_shapes
 from .presets import TRAIN_DEFAULTS, get_preset

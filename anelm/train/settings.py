@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from ..errors import UsageError
 
 PIPELINES = ("dynamic", "static")
-HEAD_PLACES = ("auto", "ane", "cpu", "gpu")  # train/placement.py
+HEAD_PLACES = ("auto", "ane", "cpu", "gpu")  # train/steps/placement.py
 EMBED_PLACES = ("cpu", "gpu")
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..atomic import atomic_open
-from .cpu_ops import IGNORE
+from .steps.cpu_ops import IGNORE
 
 BEST_DIR, BEST_FILE = "best", "best.json"
 

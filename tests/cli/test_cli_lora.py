@@ -15,7 +15,7 @@ from lora_tiny import peft, torch
 
 from anelm.cli.main import main
 from anelm.models.adapters import LoraSpec, init_adapter
-from anelm.models.adapters_peft import save_peft
+from anelm.models.formats.peft import save_peft
 from anelm.models.loading import load_model
 
 NLL_TOL = 1e-2  # as tests/cli/test_cli_perplexity.py: the emulator's fp16 logits, averaged over ~60 predictions

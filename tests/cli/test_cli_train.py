@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from anelm.cli.main import main
-from anelm.train.corpus import write_corpus
+from anelm.train.data.corpus import write_corpus
 
 CONTRACT_FLAGS = ["--preset", "--data", "--tokenizer", "--steps", "--batch-size", "--seq-len", "--lr",
                   "--out", "--device", "--pipeline", "--resume", "--init-from", "--seed", "--profile"]

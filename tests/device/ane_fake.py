@@ -1,4 +1,4 @@
-"""A fake AppleNeuralEngine.framework behind the `ane_framework` seam, for Linux tests.
+"""A fake AppleNeuralEngine.framework behind the `ane.framework` seam, for Linux tests.
 
 It does what the decompiled framework does where anelm's rules depend on it, and checks
 what anelm must get right:
@@ -24,7 +24,7 @@ import numpy as np
 
 from anelm.device.ane import SELF_TEST_MIL
 from anelm.device.base import Surface
-from anelm.device.objc import ObjCError, buffer_address
+from anelm.device.ane.objc import ObjCError, buffer_address
 
 
 class Aned:

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anelm.device import ane, objc
+from anelm.device import ane
+from anelm.device.ane import objc
 from anelm.chip.profile import STRICT
 from anelm.errors import DeviceError
 
@@ -43,7 +44,7 @@ def spy(self, name, *a, **k):
 ctypes.CDLL.__init__ = spy
 maps = lambda: {l.split()[-1] for l in open('/proc/self/maps') if '.so' in l} if os.path.exists('/proc/self/maps') else set()
 before = maps()
-import anelm.device.ane as ane, anelm.device.objc as objc, anelm.device.machine, anelm.device.selftest
+import anelm.device.ane as ane, anelm.device.ane.objc as objc, anelm.device.machine, anelm.device.ane.selftest
 print(json.dumps({"opened": opened, "new_libs": sorted(maps() - before), "loaded": objc.loaded(),
                   "framework": ane.ane_framework.loaded()}))
 """
@@ -112,7 +113,7 @@ def test_every_message_send_matches_its_selector():
     for sel, (cls, _, _, argtypes) in ane.PRIVATE_CALLS.items():
         assert sel.count(":") == len(argtypes) and cls in ane.CLASSES, sel
     private_used, checked = set(), 0
-    for path in (SRC / "ane.py", SRC / "ane_framework.py", SRC / "objc.py"):
+    for path in (SRC / "__init__.py", SRC / "framework.py", SRC / "objc.py"):
         for call in _send_calls(path):
             if len(call.args) < 2 or not isinstance(call.args[1], ast.Constant):
                 continue  # the generic definitions themselves

@@ -13,9 +13,10 @@ import secrets
 import numpy as np
 import pytest
 
-from anelm.device import ane, selftest
+from anelm.device import ane
+from anelm.device.ane import selftest
 from anelm.device.base import compile_count
-from anelm.device.objc import ID
+from anelm.device.ane.objc import ID
 from anelm.chip.profile import STRICT
 
 pytestmark = pytest.mark.ane

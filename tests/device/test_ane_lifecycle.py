@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anelm.device import ane, ane_framework, objc
+from anelm.device import ane
+from anelm.device.ane import framework as ane_framework
+from anelm.device.ane import objc
 from anelm.device.base import Surface, compile_count, reset_compile_count
 from anelm.chip.profile import STRICT
 from anelm.errors import CompileBudgetExceeded, DeviceError
@@ -278,7 +280,7 @@ def test_threads_share_a_models_request_cache(fake):
 
 
 class RecordingRuntime:
-    """Stands in for objc.Runtime under ane_framework.Framework: records each message."""
+    """Stands in for objc.Runtime under ane.framework.Framework: records each message."""
 
     data_no_copy = objc.Runtime.data_no_copy  # the real method, over these recorded sends
 

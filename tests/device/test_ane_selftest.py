@@ -15,7 +15,8 @@ import pytest
 
 from anelm.cli.main import main
 from anelm import caches
-from anelm.device import ane, selftest
+from anelm.device import ane
+from anelm.device.ane import selftest
 from anelm.device.emulator import Emulator
 from anelm.device.select import get_device
 from anelm.device import isolate

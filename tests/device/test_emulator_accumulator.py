@@ -3,7 +3,7 @@
 The q15.16 reference below is written from the profile's description in plain Python with exact
 rationals (`Fraction`), one product at a time, and shares nothing with the emulator's
 vectorised float64 code: products with exponent sum at most -17 are dropped, the rest are
-truncated toward zero to multiples of 2^-16 (our reading, stated in device/emulator_accum.py)
+truncated toward zero to multiples of 2^-16 (our reading, stated in device/emulator/accum.py)
 and added in order; a partial sum reaching the limit makes the result inf with its sign.
 """
 

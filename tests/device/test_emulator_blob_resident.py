@@ -13,7 +13,7 @@ import numpy as np
 from anelm.chip.profile import STRICT
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
-from anelm.device.emulator_matvec import ResidentConv, ResidentWeight, half_bits
+from anelm.device.emulator.matvec import ResidentConv, ResidentWeight, half_bits
 from anelm.device.fp16 import round_fp16
 from anelm.ir.builder import GraphBuilder
 from anelm.runtime.cache import ProgramCache

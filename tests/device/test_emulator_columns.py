@@ -1,4 +1,4 @@
-"""Column-separable programs (device/emulator_columns.py): which programs the emulator evaluates
+"""Column-separable programs (device/emulator/columns.py): which programs the emulator evaluates
 column by column, and proof that the columns a caller reads come out as a full evaluation's.
 
 Three checks per kernel kind:
@@ -18,7 +18,7 @@ import pytest
 from anelm.chip.profile import STRICT
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
-from anelm.device.emulator_columns import COLUMN_BLOCK, column_axes, column_plan
+from anelm.device.emulator.columns import COLUMN_BLOCK, column_axes, column_plan
 from anelm.ir.builder import GraphBuilder
 from anelm.kernels.decode import decode_layer
 from anelm.kernels.families import family_for
@@ -28,7 +28,7 @@ from anelm.kernels.prefill import prefill_layer
 from anelm.kernels.training import WEIGHTED, Dims, build_graph, layer_mats
 from anelm.models.config import GPT2Config, LlamaConfig, Qwen3Config
 from anelm.models.names import random_layer
-from anelm.models.quantized import InputQuant
+from anelm.models.formats.quantized import InputQuant
 from anelm.runtime.kernel import Kernel
 from helpers import rms_norm_graph
 

@@ -1,4 +1,4 @@
-"""The emulator's int8 semantics (device/emulator_int8.py) against an integer numpy reference.
+"""The emulator's int8 semantics (device/emulator/int8.py) against an integer numpy reference.
 
 The reference never forms a float sum: fp16 activations are exact multiples of 2^-24, so
 x·2^24 is an int64, and Σ q·x is an int64 dot product, divided back once; W8A8 is an int64 dot

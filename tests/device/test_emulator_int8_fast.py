@@ -1,5 +1,5 @@
-"""The W8 fast path (device/emulator_int8.py: `matvec_int8`, `times_int8`, `W8Conv.column`, bound
-in emulator_steps) against the general int8 path (`general_conv2d_int`: float64 GEMMs over the
+"""The W8 fast path (device/emulator/int8.py: `matvec_int8`, `times_int8`, `W8Conv.column`, bound
+in emulator.steps) against the general int8 path (`general_conv2d_int`: float64 GEMMs over the
 widened weights), bit for bit, on random fp16 inputs large enough that some sums reach the
 accumulator's 32768 limit; and a plan evaluated bound (decode) and unbound gives the same."""
 
@@ -9,8 +9,8 @@ import pytest
 from anelm.chip.profile import STRICT
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
-from anelm.device.emulator_accum import _to_fp16, saturate
-from anelm.device.emulator_int8 import Int8Weight, W8Conv, general_conv2d_int, int8_times, int_conv
+from anelm.device.emulator.accum import _to_fp16, saturate
+from anelm.device.emulator.int8 import Int8Weight, W8Conv, general_conv2d_int, int8_times, int_conv
 from anelm.ir.builder import GraphBuilder
 from anelm.kernels.qlinear import QLinear, quant_linear
 from anelm.runtime.kernel import Kernel

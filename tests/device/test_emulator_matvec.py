@@ -9,7 +9,7 @@ and rarely (measured fraction printed and bounded).
 
 strict's programs are 16 columns wide (the 16-column spatial multiple): a decode program carries its token in
 column 0, and the emulator evaluates a column-separable program one column at a time
-(emulator_columns), so that narrowed evaluation is where the one-column path must be taken.
+(emulator.columns), so that narrowed evaluation is where the one-column path must be taken.
 Wider evaluations (prefill, training) multiply row blocks of the widened patterns with BLAS:
 against one whole-matrix product the float32 sums of some rows differ (OpenBLAS's kernels
 depend on the row count), so the same one-ulp measure applies there.
@@ -18,11 +18,12 @@ depend on the row count), so the same one-ulp measure applies there.
 import numpy as np
 import pytest
 
-from anelm.device import base, emulator_matvec
+from anelm.device import base
+from anelm.device.emulator import matvec as emulator_matvec
 from anelm.chip.profile import STRICT
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
-from anelm.device.emulator_matvec import HalfMatrix, ResidentConv, half_bits, half_matvec, half_times, widen
+from anelm.device.emulator.matvec import HalfMatrix, ResidentConv, half_bits, half_matvec, half_times, widen
 from anelm.device.fp16 import round_fp16
 from anelm.ir.builder import GraphBuilder
 from anelm.runtime.cache import ProgramCache
@@ -204,7 +205,7 @@ def test_the_tiles_pass_inf_and_nan_through_as_the_sum_does():
 
 @pytest.mark.parametrize("t", [32, 48])  # the tiles' fused pass; BLAS and then numpy
 def test_the_bias_and_the_limit_are_the_separate_passes_bit_for_bit(t):
-    from anelm.device.emulator_accum import saturate
+    from anelm.device.emulator.accum import saturate
     oc, c, limit = 66, 48, 4.0
     w = round_fp16(rng.standard_normal((oc, c)))
     w[1, 2], w[2, :] = np.nan, 0.0  # a NaN sum stays NaN; a row of exact zeros

@@ -1,4 +1,4 @@
-"""Bound plans (device/emulator_steps.py) against the plan they bind: the same values, bit for bit.
+"""Bound plans (device/emulator/steps.py) against the plan they bind: the same values, bit for bit.
 
 `BoundPlan.run` replaces `Plan.run` for the emulator's one-column decode evaluation, so every
 check here is exact (the fp16 values' bit patterns, NaN and signed zeros included) and covers
@@ -16,7 +16,7 @@ import pytest
 
 from anelm.chip.profile import STRICT
 from anelm.device.emulator import Emulator
-from anelm.device.emulator_steps import BoundPlan, _bound_compute
+from anelm.device.emulator.steps import BoundPlan, _bound_compute
 from test_emulator_columns import _compiled, _decode, _inputs
 
 PROFILE = STRICT.replace(compile_budget=10**9)

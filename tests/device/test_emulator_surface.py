@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from anelm.device.emulator_surface import ShadowedSurface
+from anelm.device.emulator.surface import ShadowedSurface
 
 rng = np.random.default_rng(5)
 

@@ -1,4 +1,4 @@
-"""The emulator's on-disk kernel cache (device/emulator_cache.py, device/disk_cache.py).
+"""The emulator's on-disk kernel cache (device/emulator/cache.py, device/disk_cache.py).
 
 A hit must give the very program a cold compile gives (outputs compared bit for bit, on a
 decoder layer and on both int8 forms, whose plans are rewritten at build time), without
@@ -18,10 +18,11 @@ import pytest
 from anelm.chip.profile import STRICT
 from anelm.compiler.artifact import content_key
 from anelm.compiler.pipeline import compile_graph
-from anelm.device import base, emulator_builder
+from anelm.device import base
+from anelm.device.emulator import builder as emulator_builder
 from anelm.device.disk_cache import HEADER, DiskCache
 from anelm.device.emulator import Emulator
-from anelm.device.emulator_cache import FORMAT, kernel_store
+from anelm.device.emulator.cache import FORMAT, kernel_store
 from anelm.errors import AnelmError, CompileBudgetExceeded
 from anelm.ir.builder import GraphBuilder
 from anelm.mil import parser as mil_parser

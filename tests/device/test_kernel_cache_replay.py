@@ -1,4 +1,4 @@
-"""A kernel-cache hit (device/emulator_cache.py) replays the very plan a cold compile builds.
+"""A kernel-cache hit (device/emulator/cache.py) replays the very plan a cold compile builds.
 
 Oracle: the plan of the cold compile, in the same process. The warm compile is made in a fresh
 device with parsing and building forbidden, so only the stored entry and the caller's blobs can
@@ -21,17 +21,19 @@ import numpy as np
 import pytest
 
 from anelm.compiler.pipeline import compile_graph
-from anelm.device import base, emulator_builder, emulator_cache
+from anelm.device import base
+from anelm.device.emulator import builder as emulator_builder
+from anelm.device.emulator import cache as emulator_cache
 from anelm.device.emulator import Emulator
-from anelm.device.emulator_cache import _Unpickler, kernel_store
-from anelm.device.emulator_columns import column_axes
+from anelm.device.emulator.cache import _Unpickler, kernel_store
+from anelm.device.emulator.columns import column_axes
 from anelm.kernels.decode import decode_layer
 from anelm.kernels.qlinear import qlinear
 from anelm.kernels.layers import layer_params, layer_shape
 from anelm.kernels.prefill import prefill_layer
 from anelm.mil import parser as mil_parser
 from anelm.models.names import random_layer
-from anelm.models.quantized import InputQuant
+from anelm.models.formats.quantized import InputQuant
 from test_emulator_columns import CONFIGS, PROFILE, W, _inputs
 
 WEIGHT_SCALES = {"plain": 1.0, "overflowing": 16.0}  # x16 weights: attention scores or an MLP product pass 65504
@@ -137,7 +139,7 @@ def test_a_replayed_plan_runs_bit_for_bit_the_built_one(name, weights, monkeypat
 def test_layers_of_one_text_loaded_one_after_another_run_as_built(name, weights, monkeypatch):
     """A model's layers: one program text, other weights, so entries alike but for the key. The
     first load decodes the entry and replays it in full; the next ones reuse what it made that no
-    weight changes (emulator_builder.Shared) and must still run each with its own weights, as
+    weight changes (emulator.builder.Shared) and must still run each with its own weights, as
     each layer's cold compile does, and unlike the other layers."""
     arts = [compile_graph(PROGRAMS[name](WEIGHT_SCALES[weights], seed), PROFILE) for seed in (5, 6, 7)]
     assert len({a.mil_text for a in arts}) == 1 and len({a.key(PROFILE) for a in arts}) == 3

@@ -90,7 +90,7 @@ def test_a_kernel_with_warnings_off_is_silent(capsys):
 def test_training_dx_kernels_do_not_warn_and_forward_kernels_do(capsys):
     from anelm.kernels.families import LLAMA
     from anelm.kernels.training import BACKWARD, FORWARD, Dims
-    from anelm.train.kernels_bank import DynamicBank
+    from anelm.train.steps.kernels_bank import DynamicBank
 
     dims = Dims(d=32, f=48, hq=4, hkv=2, hd=8, s=16)
     rng = np.random.default_rng(0)

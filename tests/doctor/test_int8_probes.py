@@ -5,7 +5,7 @@ limited like the fp16 accumulator is caught (so the accumulator probe can fail).
 import numpy as np
 import pytest
 
-from anelm.device import emulator_int8
+from anelm.device.emulator import int8 as emulator_int8
 from anelm.device.emulator import Emulator
 from anelm.chip.profile import STRICT
 from anelm.doctor import derive_profile, run_suite, select

@@ -195,7 +195,7 @@ def test_cli_generate_on_the_emulator(cli_model, capsys, fresh_compile_count):
 
 def resident_steps(kernel) -> int:
     """How many of a kernel's steps hold their conv weight as fp16 (device/emulator_matvec)."""
-    from anelm.device.emulator_matvec import ResidentConv
+    from anelm.device.emulator.matvec import ResidentConv
 
     return sum(isinstance(st.fn, ResidentConv) for st in kernel.model.plan.steps)
 
@@ -207,7 +207,7 @@ def test_decode_across_a_tier_keeps_its_cache_in_the_requests(tmp_path, monkeypa
     (KV_TOL); every decode conv and the head go through the fp16 matrix-vector product."""
     from dataclasses import replace
 
-    from anelm.device import emulator_matvec
+    from anelm.device.emulator import matvec as emulator_matvec
 
     hf = hf_tiny.make_hf("llama-gqa", tmp_path / "m", seed=31)
     config, weights, _ = load_model(tmp_path / "m")
@@ -234,7 +234,7 @@ def test_decode_across_a_tier_keeps_its_cache_in_the_requests(tmp_path, monkeypa
 
 
 def test_the_runner_keeps_fp16_layers_and_head_only(models):
-    from anelm.device.emulator_matvec import HalfMatrix
+    from anelm.device.emulator.matvec import HalfMatrix
 
     for kind in ("llama-gqa", "gpt2"):
         runner, _, config, weights = models[kind]
@@ -251,8 +251,8 @@ def test_prefill_multiplies_the_fp16_layer_weights_and_keeps_no_float32_copy(mod
     its weight's fp16 patterns through the register tiles (device/emulator_matvec), so no
     prefill kernel holds a float32 copy afterwards, and the logits are those of the float32-copy
     product it replaced (the same sums, some in another order: KV_TOL)."""
-    from anelm.device.emulator_accum import saturate
-    from anelm.device.emulator_matvec import ResidentConv, ResidentWeight, widen
+    from anelm.device.emulator.accum import saturate
+    from anelm.device.emulator.matvec import ResidentConv, ResidentWeight, widen
 
     def whole_float32_product(w, x, bias=None, limit=None):  # the route before, bias and limit after
         out = np.matmul(widen(w.bits()), x)

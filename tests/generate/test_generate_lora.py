@@ -17,7 +17,7 @@ from anelm.chip.profile import STRICT
 from anelm.device.base import compile_count
 from anelm.device.emulator import Emulator
 from anelm.generate.pipeline import build_runner
-from anelm.models.adapters_peft import load_peft
+from anelm.models.formats.peft import load_peft
 from anelm.models.errors import AdapterError
 from anelm.models.loading import load_model
 

@@ -21,7 +21,7 @@ from anelm.device.emulator import Emulator  # noqa: E402
 from anelm.generate.perplexity import perplexity  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.models.adapters import LoraSpec, init_adapter  # noqa: E402
-from anelm.models.adapters_peft import save_peft
+from anelm.models.formats.peft import save_peft
 from hf_tiny import hf_windows  # noqa: E402
 
 AGREEMENT, PPL_RATIO = 0.985, 0.01  # real models (docs/testing.md)

@@ -12,7 +12,7 @@ from helpers import rel_err
 from anelm.chip.profile import STRICT
 from anelm.device.base import compile_count
 from anelm.device.emulator import Emulator
-from anelm.device.emulator_cost import emulated_seconds
+from anelm.device.emulator.cost import emulated_seconds
 from anelm.generate.chat import PromptCache
 from anelm.generate.device_plan import (SizePlan, bucket_options, choose_bucket, decode_seconds, evaluation_seconds,
                                         plan_sizes, resume_pays, serving_buckets)

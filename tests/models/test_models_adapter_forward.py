@@ -8,7 +8,7 @@ from helpers import rel_err
 from hf_tiny import hf_logits, make_hf
 from lora_tiny import make_peft
 
-from anelm.models.adapters_peft import load_peft
+from anelm.models.formats.peft import load_peft
 from anelm.models.errors import AdapterError
 from anelm.models.loading import build_model, load_model
 

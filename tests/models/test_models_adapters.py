@@ -11,7 +11,7 @@ from lora_tiny import make_peft, peft, peft_tensors, torch
 
 from anelm.errors import AnelmError, UsageError
 from anelm.models.adapters import Adapter, LoraSpec, check_spec, init_adapter, merge_weights, resolve_targets
-from anelm.models.adapters_peft import load_peft, save_peft
+from anelm.models.formats.peft import load_peft, save_peft
 from anelm.models.errors import AdapterError
 from anelm.models.loading import architecture, load_model
 

@@ -12,7 +12,7 @@ import hf_tiny
 from helpers import rel_err
 
 from anelm.models.loading import build_model, load_model
-from anelm.models.safetensors_io import read_safetensors, save_safetensors
+from anelm.models.formats.safetensors_io import read_safetensors, save_safetensors
 
 
 @pytest.fixture(scope="module")

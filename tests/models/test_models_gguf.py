@@ -307,7 +307,7 @@ def test_byte_level_pre_tokenizers(tmp_path, pre):
     """Each family's split against HF's GGUF tokenizer where HF has the same regex; every
     family round-trips. (HF splits smollm and default files as GPT-2 does; llama.cpp splits
     smollm's digits apart, and default's into threes and its punctuation runs apart.)"""
-    from anelm.models.tokenizer_gguf import tokenizer_from_gguf
+    from anelm.models.tokenizer.gguf import tokenizer_from_gguf
 
     tokens, merges = gpt2_vocab()
     meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,

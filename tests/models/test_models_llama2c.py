@@ -10,7 +10,7 @@ from helpers import rel_err
 
 from anelm.models.errors import LoadError
 from anelm.models.loading import build_model, load_model
-from anelm.models.tokenizer_sp import Llama2cTokenizer
+from anelm.models.tokenizer.sentencepiece import Llama2cTokenizer
 
 SEQ_LEN = 64
 

@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from anelm.models.errors import ConfigError, LoadError
 from anelm.models.loading import build_model, load_model
-from anelm.models.tokenizer_base import HFTokenizer
+from anelm.models.tokenizer.base import HFTokenizer
 
 
 def one_line(excinfo) -> str:

@@ -16,7 +16,7 @@ from anelm.cli.main import main
 from anelm.device.emulator import Emulator
 from anelm.generate.pipeline import build_runner
 from anelm.models.adapters import merge_weights
-from anelm.models.adapters_peft import load_peft, save_peft
+from anelm.models.formats.peft import load_peft, save_peft
 from anelm.models.config import config_from_dict
 from anelm.models.loading import build_model, load_model
 from anelm.models.phi3 import sanitize, unsanitize

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from anelm.models.safetensors_io import SafetensorsError, read_safetensors, save_safetensors
+from anelm.models.formats.safetensors_io import SafetensorsError, read_safetensors, save_safetensors
 
 
 def mixed_tensors():

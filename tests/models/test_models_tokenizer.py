@@ -18,7 +18,7 @@ from hf_tiny import transformers
 
 from anelm.models.errors import TokenizerError
 from anelm.models.tokenizer import load_tokenizer
-from anelm.models.tokenizer_base import HFTokenizer
+from anelm.models.tokenizer.base import HFTokenizer
 
 TEXTS = [
     "Hello, world!", " Hello", "\n\n", "café", "$100.00", "Hello  ", "a",

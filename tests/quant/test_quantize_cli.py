@@ -73,7 +73,7 @@ def test_kernels_carry_the_folders_int8(folders):
     assert "constexpr_affine_dequantize" in art.mil_text and "quantize(" in art.mil_text
     chunks = {p: blob_chunks(b) for p, b in art.weights.items()}
     assert any(c.dtype == "int8" for cs in chunks.values() for c in cs)
-    # the o projection's int8 blob is the folder's o_proj int8, byte for byte (models/quantized.py doc)
+    # the o projection's int8 blob is the folder's o_proj int8, byte for byte (models/formats/quantized.py doc)
     stored = load_file(str(folders["w8a8"] / "model.safetensors"))["model.layers.0.self_attn.o_proj.weight"]
     blob = next(b for p, b in art.weights.items() if "o_proj_w8_quantized_data" in p)
     assert blob_chunks(blob)[0].dtype == "int8"

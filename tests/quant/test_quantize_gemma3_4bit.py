@@ -84,7 +84,7 @@ def test_tiny_logits_against_the_cpu_reference(tiny, scheme):
 def test_fitted_blocks_err_less_than_min_max(tiny):
     """quant/w4.py's fit_blocks: on the tiny Gemma's linears, with its inputs' moments, each
     linear's moment-weighted squared error is under min..max's; a Q4_1 grid comes back exactly."""
-    from anelm.models.quantized import linear_names, quantize_blocks
+    from anelm.models.formats.quantized import linear_names, quantize_blocks
     from anelm.quant.lut import input_moments
     from anelm.quant.w4 import fit_blocks
 

@@ -17,7 +17,7 @@ from anelm.cli.main import main  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.mil.blob import unpack_bits  # noqa: E402
 from anelm.models.loading import load_model  # noqa: E402
-from anelm.models.quantized import LutQuant  # noqa: E402
+from anelm.models.formats.quantized import LutQuant  # noqa: E402
 from anelm.quant.lut import palettize  # noqa: E402
 
 GROUP = 16  # rows a table (the tiny model's q has 64 rows, k and v 16 each)

@@ -18,7 +18,7 @@ from anelm.generate.perplexity import perplexity
 from anelm.generate.pipeline import build_runner
 from anelm.models.loading import load_model
 from anelm.quant.command import build_folder, calibration
-from anelm.train.corpus import generate_corpus
+from anelm.train.data.corpus import generate_corpus
 
 SEQ = 256  # one window of the held-out tokens: the 256 bucket, not 512
 CALIB, HELD = 1024, 256

@@ -18,7 +18,7 @@ from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.ir.ops_quant import blockwise_dense  # noqa: E402
 from anelm.models.loading import load_model  # noqa: E402
 from anelm.mil.blob import unpack_bits  # noqa: E402
-from anelm.models.quantized import BlockQuant, quantize_blocks  # noqa: E402
+from anelm.models.formats.quantized import BlockQuant, quantize_blocks  # noqa: E402
 
 BLOCK = 16  # the tiny model's hidden size is 64: four blocks a row
 
@@ -219,7 +219,7 @@ def test_other_families_against_the_cpu_reference(kind, tmp_path):
 def test_4bit_tables_read_back_as_their_blocks(tiny):
     """quant/w4.py's w4_tables: a table stored as 4-bit blocks (Gemma 3's tied embedding) reads
     back as its blocks, the one weight the row lookup and the tied head both read."""
-    from anelm.models.quantized import linear_names, pack_w4, unpack_w4
+    from anelm.models.formats.quantized import linear_names, pack_w4, unpack_w4
     from anelm.quant.w4 import fit_blocks
 
     config, weights, _ = load_model(tiny[0])

@@ -51,7 +51,7 @@ def test_the_gguf_blocks_are_taken_as_they_are(runs):
 
     from safetensors.numpy import load_file
 
-    from anelm.models.quantized import dequantize_blocks8
+    from anelm.models.formats.quantized import dequantize_blocks8
 
     folder, weights = runs[3], runs[6]
     qc = json.loads((folder / "config.json").read_text())["quantization_config"]

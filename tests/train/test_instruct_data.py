@@ -9,14 +9,14 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from anelm.models.tokenizer_base import Tokenizer
+from anelm.models.tokenizer.base import Tokenizer
 from anelm.train.data import unigram_entropy
 from anelm.train.errors import DataError
-from anelm.train.cpu_ops import IGNORE
-from anelm.train.instruct import (Example, encode_record, is_jsonl, jsonl_splits, load_examples,
+from anelm.train.steps.cpu_ops import IGNORE
+from anelm.train.data.instruct import (Example, encode_record, is_jsonl, jsonl_splits, load_examples,
                                   read_records)
 from instruct_tiny import CONVERSATIONS
-from anelm.train.packing import ExampleBatcher, counted_entropy, counted_total, eval_batches, fit, sequences
+from anelm.train.data.packing import ExampleBatcher, counted_entropy, counted_total, eval_batches, fit, sequences
 
 
 class CharTok(Tokenizer):

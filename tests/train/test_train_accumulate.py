@@ -1,4 +1,4 @@
-"""Gradient accumulation inside the dW GEMMs (`loss_and_grads(into=, add=)`, `train/gemm.py`).
+"""Gradient accumulation inside the dW GEMMs (`loss_and_grads(into=, add=)`, `train/steps/gemm.py`).
 
 The trainer hands the step its accumulator: the first micro-batch writes every gradient into
 it, later ones add, each dW by the sgemm's β rather than a pass of its own. Two micro-batches
@@ -14,10 +14,10 @@ import pytest
 from anelm.chip.profile import STRICT
 from anelm.device.emulator import Emulator
 from anelm.models.config import LlamaConfig
-from anelm.train import cpu_ops as ops
-from anelm.train.gemm import dw_into
+from anelm.train.steps import cpu_ops as ops
+from anelm.train.steps.gemm import dw_into
 from anelm.train.init import init_weights
-from anelm.train.step import DeviceTrainStep
+from anelm.train.steps.llama import DeviceTrainStep
 
 S, B = 16, 2
 
@@ -84,7 +84,7 @@ def test_chunked_head_accumulates_into_its_buffer(monkeypatch):
 
 def test_lora_step_accumulates_its_adapter_gradients():
     from anelm.models.adapters import LoraSpec, init_adapter
-    from anelm.train.lora_step import adapter_params
+    from anelm.train.steps.lora import adapter_params
     from anelm.train.steps import lora_train_step
 
     cfg = config(True)

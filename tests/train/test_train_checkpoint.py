@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from anelm.models import safetensors_io as S
+from anelm.models.formats import safetensors_io as S
 from anelm.train import checkpoint as C
 from anelm.train.errors import CheckpointError
 from anelm.train.presets import get_preset, hf_weight_shapes

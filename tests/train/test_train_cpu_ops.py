@@ -14,7 +14,7 @@ from transformers.models.llama.modeling_llama import (LlamaConfig, LlamaRotaryEm
                                                       apply_rotary_pos_emb, repeat_kv)
 
 from anelm.errors import ShapeError
-from anelm.train import cpu_ops as ops
+from anelm.train.steps import cpu_ops as ops
 import train_cpu_reference as ref
 from helpers import rel_err
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaConfig, LlamaForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3ForCausalLM
 
-from anelm.train import cpu_ops as ops
+from anelm.train.steps import cpu_ops as ops
 import train_cpu_reference as ref
 
 B, T, SCALE = 2, 6, 256.0

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from anelm.train import data as D
-from anelm.train.corpus import EOT, SEPARATOR, generate_corpus, write_corpus
+from anelm.train.data.corpus import EOT, SEPARATOR, generate_corpus, write_corpus
 from anelm.train.errors import DataError
 
 

@@ -26,7 +26,7 @@ from anelm.errors import ShapeError, UsageError
 from anelm.models.config import LlamaConfig, Qwen3Config
 from anelm.kernels.training import WEIGHTED
 from anelm.train.scaler import grads_finite
-from anelm.train.step import DeviceTrainStep
+from anelm.train.steps.llama import DeviceTrainStep
 
 V, D, FF, L, S, B = 64, 32, 64, 2, 16, 2
 SCALE = 1024.0

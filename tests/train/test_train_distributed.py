@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from anelm.cli.main import main
-from anelm.train.corpus import write_corpus
+from anelm.train.data.corpus import write_corpus
 from anelm.train.metrics import read_metrics
 
 from helpers import kill_after, steps_logged
@@ -259,7 +259,7 @@ class FakePeer:
 
 def test_reducer_sums_buckets_in_offer_order_and_an_inf_anywhere_skips_everywhere():
     from anelm.runtime.threads import WorkQueue
-    from anelm.train.dist_grads import GradReducer
+    from anelm.train.distributed.grads import GradReducer
     from anelm.train.optim import update_scale
 
     rng = np.random.default_rng(0)

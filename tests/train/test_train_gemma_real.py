@@ -20,7 +20,7 @@ from anelm.chip.profile import STRICT  # noqa: E402
 from anelm.device.base import compile_count  # noqa: E402
 from anelm.device.emulator import Emulator  # noqa: E402
 from anelm.generate.perplexity import perplexity  # noqa: E402
-from anelm.models.adapters_peft import load_peft  # noqa: E402
+from anelm.models.formats.peft import load_peft  # noqa: E402
 from anelm.models.loading import build_model  # noqa: E402
 from anelm.train.lora import ADAPTER_DIR, adapter_writer, prepare_finetune, step_factory  # noqa: E402
 from anelm.train.loop import Trainer  # noqa: E402

@@ -19,7 +19,7 @@ from anelm.chip.profile import STRICT
 from anelm.device import base
 from anelm.device.emulator import Emulator
 from anelm.models.config import config_from_dict
-from anelm.train import cpu_ops
+from anelm.train.steps import cpu_ops
 from anelm.train.steps import step_class
 
 V, D, FF, L, S, B = 64, 32, 64, 3, 24, 2

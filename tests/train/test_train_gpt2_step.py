@@ -15,7 +15,7 @@ from anelm.device import base
 from anelm.device.emulator import Emulator
 from anelm.models.config import config_from_dict
 from anelm.models.gpt2 import sanitize
-from anelm.train.step_gpt2 import GPT2TrainStep
+from anelm.train.steps.gpt2 import GPT2TrainStep
 
 from helpers import GRAD_COSINE, GRAD_TOL, rel_err
 

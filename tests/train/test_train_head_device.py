@@ -1,6 +1,6 @@
 """The classifier and its loss on the device in vocabulary tiles (`--head-on ane`).
 
-The tiles' join (train/head_device.py) against `cpu_ops.head_loss` in float32: the loss, dx
+The tiles' join (train/steps/head_device.py) against `cpu_ops.head_loss` in float32: the loss, dx
 and dW within the tolerances of one matmul against float32 (docs/testing.md: 1e-2, cosine ≥
 0.999 for the gradients), with ignored targets, two sequences, a last tile shorter than the
 others and a kernel wider than the sequence (strict's 16 columns). A whole step with the head
@@ -19,13 +19,13 @@ from anelm.cli.main import main
 from anelm.device.emulator import Emulator
 from anelm.errors import UsageError
 from anelm.models.config import LlamaConfig
-from anelm.train import cpu_ops as ops
-from anelm.train.corpus import write_corpus
-from anelm.train.head_device import DeviceHead, tile_rows
+from anelm.train.steps import cpu_ops as ops
+from anelm.train.data.corpus import write_corpus
+from anelm.train.steps.head_device import DeviceHead, tile_rows
 from anelm.train.init import init_weights
 from anelm.train.metrics import read_metrics
-from anelm.train.placement import resolve_head
-from anelm.train.step import DeviceTrainStep
+from anelm.train.steps.placement import resolve_head
+from anelm.train.steps.llama import DeviceTrainStep
 
 
 def rel(a, b):
@@ -132,7 +132,7 @@ def test_training_with_the_head_on_the_device_logs_the_cpu_heads_losses_and_resu
 
 def test_lora_step_with_the_head_on_the_device():
     from anelm.models.adapters import LoraSpec, init_adapter
-    from anelm.train.lora_step import adapter_params
+    from anelm.train.steps.lora import adapter_params
     from anelm.train.steps import lora_train_step
 
     cfg = LlamaConfig(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -1,5 +1,5 @@
 """The classifier with its loss, and the embedding, on a torch device (`--head-on gpu`,
-`--embed-on gpu`; train/head_torch.py).
+`--embed-on gpu`; train/steps/head_torch.py).
 
 Here `ANELM_GPU=cpu` makes "gpu" torch's CPU device: the same code path a Mac's `mps` runs
 (tensors staged to the device, products there, results copied back). The torch head computes
@@ -25,12 +25,12 @@ from anelm.cli.main import main  # noqa: E402
 from anelm.device.emulator import Emulator  # noqa: E402
 from anelm.errors import UsageError  # noqa: E402
 from anelm.models.config import LlamaConfig  # noqa: E402
-from anelm.train import cpu_ops as ops  # noqa: E402
-from anelm.train import head_torch  # noqa: E402
+from anelm.train.steps import cpu_ops as ops  # noqa: E402
+from anelm.train.steps import head_torch  # noqa: E402
 from anelm.train.init import init_weights  # noqa: E402
 from anelm.train.metrics import read_metrics  # noqa: E402
-from anelm.train.placement import fastest_head, head_seconds  # noqa: E402
-from anelm.train.step import DeviceTrainStep  # noqa: E402
+from anelm.train.steps.placement import fastest_head, head_seconds  # noqa: E402
+from anelm.train.steps.llama import DeviceTrainStep  # noqa: E402
 from test_train_head_device import corpus, train  # noqa: E402,F401 - the same 20-step run and corpus
 
 ROUND_OFF = 1e-5
@@ -140,7 +140,7 @@ def test_the_next_forward_beside_the_gpu_head_changes_nothing(gpu_is_cpu, packed
 
 def test_lora_step_with_the_head_on_the_torch_device(gpu_is_cpu):
     from anelm.models.adapters import LoraSpec, init_adapter
-    from anelm.train.lora_step import adapter_params
+    from anelm.train.steps.lora import adapter_params
     from anelm.train.steps import lora_train_step
 
     cfg = LlamaConfig(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

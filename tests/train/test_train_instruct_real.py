@@ -70,7 +70,7 @@ def hf_counted_loss(model, tok, records: list[list[dict]]) -> tuple[float, list[
 
 
 def test_step_0_eval_loss_is_hf_loss_over_the_answer_tokens(run, smollm, smollm_hf):
-    from anelm.train.instruct import load_examples
+    from anelm.train.data.instruct import load_examples
 
     model, tok = smollm_hf
     valid = FACTS / "valid.jsonl"

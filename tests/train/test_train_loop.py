@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig as HFLlamaConfig, LlamaForCausalLM
 
 from anelm.device.base import compile_count
-from anelm.train.corpus import write_corpus
+from anelm.train.data.corpus import write_corpus
 from anelm.train import loop
 from anelm.train.data import Batcher, unigram_entropy
 from anelm.train.errors import TrainError

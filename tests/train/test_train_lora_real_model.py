@@ -18,7 +18,7 @@ from anelm.chip.profile import STRICT
 from anelm.device.base import compile_count
 from anelm.device.emulator import Emulator
 from anelm.generate.perplexity import perplexity
-from anelm.models.adapters_peft import load_peft
+from anelm.models.formats.peft import load_peft
 from anelm.models.loading import build_model
 from anelm.train.loop import Trainer
 from anelm.train.lora import ADAPTER_DIR, prepare_finetune, step_factory, adapter_writer

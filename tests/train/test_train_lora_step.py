@@ -212,7 +212,7 @@ def test_adapter_update_compiles_nothing_and_takes_effect(fresh_compile_count):
 
 def test_untargeted_kernels_stay_as_full_training_builds_them():
     from anelm.kernels.training import Dims
-    from anelm.train.lora_step import lora_layout
+    from anelm.train.steps.lora import lora_layout
 
     cfg = reference("qwen3")[0]
     for dropout in (0.0, P):  # dropout adds blocks to the adapted kernels only

@@ -26,7 +26,7 @@ from anelm.errors import ShapeError
 from anelm.models.adapters import LoraSpec
 from anelm.models import registry
 from anelm.models.config import config_from_dict
-from anelm.train.cpu_ops import IGNORE
+from anelm.train.steps.cpu_ops import IGNORE
 from anelm.train.steps import lora_train_step
 from anelm.train.steps import step_class
 

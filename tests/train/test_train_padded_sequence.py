@@ -22,7 +22,7 @@ from anelm.device.emulator import Emulator
 from anelm.kernels.training import Dims, build_graph, layouts
 from anelm.models.config import LlamaConfig
 from anelm.runtime.kernel import Kernel
-from anelm.train.step import DeviceTrainStep
+from anelm.train.steps.llama import DeviceTrainStep
 
 V, D, FF, L, S, B = 64, 32, 64, 2, 12, 2
 SCALE = 1024.0

@@ -27,7 +27,7 @@ from anelm.cli.main import main
 from anelm.device import base
 from anelm.device.emulator import Emulator
 from anelm.models.adapters import LoraSpec
-from anelm.models.adapters_peft import load_peft
+from anelm.models.formats.peft import load_peft
 from anelm.models.config import config_from_dict
 from anelm.models.loading import architecture, build_model, load_model
 from anelm.train.steps import lora_train_step

@@ -11,7 +11,7 @@ import hf_tiny
 from helpers import rel_err
 
 from anelm.cli.main import main
-from anelm.models.adapters_peft import load_peft
+from anelm.models.formats.peft import load_peft
 from anelm.models.loading import build_model, load_model
 
 peft = pytest.importorskip("peft")

@@ -28,7 +28,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from anelm.chip.profile import STRICT
-from anelm.train.corpus import write_corpus
+from anelm.train.data.corpus import write_corpus
 from anelm.train.data import train_bpe
 from anelm.train.metrics import read_metrics
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from anelm.cli.main import main
-from anelm.train.corpus import write_corpus
+from anelm.train.data.corpus import write_corpus
 from anelm.train.metrics import read_metrics
 
 from helpers import kill_after, steps_logged

@@ -13,7 +13,7 @@ from anelm.chip.profile import STRICT
 from anelm.device.emulator import Emulator
 from anelm.models.config import LlamaConfig, Qwen3Config
 from anelm.train.init import init_weights
-from anelm.train.step import DeviceTrainStep
+from anelm.train.steps.llama import DeviceTrainStep
 
 PROFILE = STRICT.replace(compile_budget=10**9)
 
@@ -53,7 +53,7 @@ def test_swiglu_backward_on_the_device_matches_the_cpus(kind, pipeline):
 
 def test_lora_on_the_mlp_with_the_swiglu_backward_on_the_device():
     from anelm.models.adapters import LoraSpec, init_adapter
-    from anelm.train.lora_step import LoraTrainStep, adapter_params
+    from anelm.train.steps.lora import LoraTrainStep, adapter_params
 
     cfg = config("llama")
     spec = LoraSpec(4, 8.0, 0.1, ("down_proj", "up_proj"))

@@ -1,0 +1,149 @@
+"""Compiled training kernels on a device, one request per (kernel, layer): the dynamic pipeline.
+
+    bank = DynamicBank(dims, device, weights, n_layers, family_for(config.model_type))
+    out = bank.run("qkv", layer, {"xn": xn})          # [C, S] float32 in and out, one sequence
+    bank.set_weights(new_weights)                      # restage the weight columns, no compile
+    bank.stage_adapters(layer, a, sb)                  # LoRA: restage the adapter blocks only
+
+`KernelBank` holds what both pipelines share: the two weightless attention kernels (one request
+for every layer), the per-evaluation flop counts, and `run`, which writes the activation
+columns of each packed input and evaluates. Inputs written by columns stay staged in the
+request, so the dynamic pipeline writes a layer's weights once per optimizer update and only
+the S activation columns per evaluation (maderix/ANE's dynamic-weight trick,
+training/training_dynamic/).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import numpy as np
+
+from ...compiler.passes.cost import kernel_flops
+from ...compiler.pipeline import compile_graph
+from ...device.fp16 import round_fp16
+from ...errors import CompileError
+from ...kernels.families import Family
+from ...kernels.training import (BACKWARD, WEIGHTED, WEIGHTLESS, Dims, LoraLayout, adapter_mats, build_graph,
+                                layer_mats, layouts)
+from ...runtime.kernel import Kernel, Request
+
+
+# The backward kernels: their overflow is what dynamic loss scaling expects (the scaler skips
+# the step and lowers the scale), so it is not warned per kernel (fp16 overflow
+# warnings, docs/chip-profiles.md).
+DX_KINDS = frozenset(BACKWARD) | {"sdpa_bwd"}
+
+
+class KernelBank:
+    """Requests by (kind, layer), the weightless kernels shared by all layers (layer None)."""
+
+    compiles_per_update = 0
+
+    def __init__(self, dims: Dims, device, n_layers: int, family: Family, lora: LoraLayout | None = None,
+                 windows: tuple[int | None, ...] | None = None):
+        self.dims, self.device, self.n_layers, self.lora = dims, device, n_layers, lora
+        self.family = family  # where each layer's matrices are in the HF weights
+        self.layouts = layouts(dims, lora)
+        self.flops: dict[str, int] = {}
+        self._kernels: list[Kernel] = []
+        self._req: dict[tuple[str, int | None], Request] = {}
+        for kind in WEIGHTLESS:
+            self._req[(kind, None)] = self._open(kind, build_graph(kind, dims)).request()
+        # layers with a sliding window (Gemma's local layers) share attention kernels of their
+        # own mask: one pair per distinct window, which the layers' (kind, layer) keys point at
+        for w in dict.fromkeys(w for w in windows or () if w is not None):
+            for kind in WEIGHTLESS:
+                req = self._open(kind, build_graph(kind, replace(dims, window=w))).request()
+                for layer in (i for i, lw in enumerate(windows) if lw == w):
+                    self._req[(kind, layer)] = req
+
+    def _open(self, kind: str, graph, cache=None) -> Kernel:
+        art = compile_graph(graph, self.device.profile)
+        want = sorted(graph.outputs)
+        got = [s.name for s in art.signature.outputs]
+        if got != want:  # the bank reads outputs by these names
+            raise CompileError(kind, f"outputs were renamed to {got}", f"declare {want} alphabetically")
+        self.flops[kind] = kernel_flops(art)
+        kern = Kernel(art, self.device, cache=cache, float32_outputs=True, warn_overflow=kind not in DX_KINDS)
+        self._kernels.append(kern)
+        return kern
+
+    def run(self, kind: str, layer: int, acts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One evaluation on one sequence: activations `[C, S]` by name -> outputs `[C, S]` float32."""
+        req = self._req.get((kind, layer)) or self._req[(kind, None)]
+        for name, pk in self.layouts[kind].items():
+            cols = pk.columns(self.dims.s)
+            for a in pk.acts:
+                req.write(name, acts[a], columns=cols[a])
+        out = req.run()
+        return {k: v.reshape(v.shape[1], v.shape[3]) for k, v in out.items()}
+
+    def _stage(self, req: Request, kind: str, mats: dict[str, np.ndarray], exact: bool = False) -> None:
+        """Write the weight blocks M of a dynamic request into their columns."""
+        for name, pk in self.layouts[kind].items():
+            cols = pk.columns(self.dims.s)
+            for role, _ in pk.weights:
+                req.write(name, mats[role], columns=cols[role], exact=exact)
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def stage_adapters(self, layer: int, a: dict[str, np.ndarray], sb: dict[str, np.ndarray]) -> None:
+        """Write one layer's adapter blocks (A per adapter, scale·B per kernel role) into every
+        kernel that carries them: data only, nothing compiles (`kernels.training` module doc)."""
+        for kind in self.lora.kinds():
+            req, mats = self._req[(kind, layer)], adapter_mats(kind, self.lora, a, sb)
+            for name, pk in self.layouts[kind].items():
+                cols = pk.columns(self.dims.s, self.dynamic)
+                for key, _ in pk.adapters:
+                    req.write(name, mats[key], columns=cols[key])
+
+    def close(self) -> None:
+        for k in self._kernels:
+            k.close()
+        self._kernels.clear()
+        self._req.clear()
+
+
+class _Rounded(dict):
+    """fp16-rounded copies of `weights`, each made when a kernel first asks for it."""
+
+    def __init__(self, weights: dict[str, np.ndarray]):
+        super().__init__()
+        self.weights = weights
+
+    def __missing__(self, name: str) -> np.ndarray:
+        self[name] = out = round_fp16(self.weights[name])
+        return out
+
+
+class DynamicBank(KernelBank):
+    """Weights travel in the inputs: ten compiles in all, none per update."""
+
+    compiles_per_update = 0
+    dynamic = True
+
+    def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int, family: Family,
+                 lora: LoraLayout | None = None, windows: tuple[int | None, ...] | None = None):
+        super().__init__(dims, device, n_layers, family, lora, windows)
+        for kind in WEIGHTED:
+            kern = self._open(kind, build_graph(kind, dims, lora=lora))
+            for layer in range(n_layers):
+                self._req[(kind, layer)] = kern.request()
+        self.set_weights(weights)
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        # Each request owns its surfaces, and the rounding and copies release the GIL:
+        # restaging runs one layer per core (the device is idle meanwhile). A layer's matrices
+        # are rounded to fp16 once for both the forward (Wᵀ) and the dx (W) kernels.
+        def stage(layer):
+            rounded = _Rounded(weights)
+            for kind in WEIGHTED:
+                mats = layer_mats(kind, rounded, layer, self.family, self.dims)
+                self._stage(self._req[(kind, layer)], kind, mats, exact=True)
+
+        with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+            list(pool.map(stage, range(self.n_layers)))
