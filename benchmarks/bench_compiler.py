@@ -90,7 +90,7 @@ def bench_floor(weights: list[dict[str, np.ndarray]], rounds: int) -> None:
     """What the graph stage cannot go under here: every float32 matrix of the layers cast to fp16
     once (`to_half`, at memory speed), into fresh pages (an anonymous mmap each, so malloc cannot
     hand back pages touched before) and into buffers already touched; best of `rounds`."""
-    from anelm.mil.half import to_half
+    from anelm.fp16.bits import to_half
 
     mats = [a for w in weights for a in w.values() if a.ndim == 2]
     reused = [np.empty(a.shape, np.float16) for a in mats]

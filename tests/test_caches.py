@@ -36,7 +36,7 @@ def test_numba_caches_go_to_the_cache_dir_not_the_package(tmp_path):
     shutil.copytree(REPO / "anelm", site / "anelm", ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if k not in ("ANELM_CACHE_DIR", "NUMBA_CACHE_DIR")}
     env.update(PYTHONPATH=str(site), XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONDONTWRITEBYTECODE="1")
-    code = ("import numba, numpy as np\nfrom anelm.device.fp16 import round_fp16\n"
+    code = ("import numba, numpy as np\nfrom anelm.fp16.grid import round_fp16\n"
             "assert round_fp16(np.float32([1e5, 0.1]))[0] == np.inf\n")
     subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, timeout=300)
     inside = [p for p in site.rglob("*") if p.suffix in (".nbi", ".nbc")]

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "anelm"
 # lowest first (`api`, the Python API at the top of the package, builds on every layer, the
 # CLI's finetune included); modules on one line are peers (errors and atomic import nothing of anelm; caches
 # writes its source fingerprint's memo through atomic)
-LAYERS = [("errors", "atomic"), ("caches",), ("mil",), ("ir",), ("chip",), ("models",), ("compiler",), ("device",),
+LAYERS = [("errors", "atomic"), ("caches",), ("fp16",), ("mil",), ("ir",), ("chip",), ("models",), ("compiler",), ("device",),
           ("runtime",), ("kernels",), ("generate",), ("serve",), ("train",), ("quant",), ("bench",), ("doctor",),
           ("cli",), ("api",)]
 RANK = {name: i for i, group in enumerate(LAYERS) for name in group}

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..device.fp16 import round_fp16
+from ..fp16.grid import round_fp16
 from ..kernels.decode import decode_mask
 from ..kernels.layers import rope_full_tables
 from ..models.layers import rope_tables

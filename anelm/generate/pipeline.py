@@ -59,8 +59,8 @@ from ..compiler.artifact import profile_identity
 from ..compiler.pipeline import compile_graph
 from ..device.base import Device
 from ..device.emulator.matvec import HalfMatrix
-from ..device.fp16 import round_fp16
 from ..device.select import get_device
+from ..fp16.grid import round_fp16
 from ..kernels.decode import decode_layer
 from ..kernels.int8 import plan_layer
 from ..kernels.layers import layer_params, layer_shape, rope_full_tables, stream_scale_for

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from ..mil.half import to_half
+from ..fp16.bits import to_half
 from ..mil.program import TensorType
 from .graph import Graph, Value, np_dtype
 

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..fp16.bits import fold_to_half, to_half
 from ..ir.builder import GraphBuilder
 from ..ir.graph import Value
 from ..mil.blob import blob_payload, seal
-from ..mil.half import fold_to_half, to_half
 from ..models.layers import rope_full_width
 from .families import Family, family_for
-from .qlinear import QLinear, quant_linear
 from .lora import add_lora
 from .norms import channel_norm, head_rms_norm
+from .qlinear import QLinear, quant_linear
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,7 @@ def seal(payload: np.ndarray) -> np.ndarray:
 def blob_backed(arr: np.ndarray, dtype: str = "fp16") -> np.ndarray:
     """`arr` as `dtype` (a byte-sized one), read-only, stored as the payload of a single-tensor
     BLOBFILE buffer: `encode_tensor` of the result (or of a reshape of it) is that file."""
-    from .half import to_half  # noqa: PLC0415 - numba loads with the first conversion
+    from ..fp16.bits import to_half  # noqa: PLC0415 - numba loads with the first conversion
 
     arr = np.asarray(arr)
     out = blob_payload(arr.shape, dtype)

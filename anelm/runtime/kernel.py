@@ -22,9 +22,9 @@ import numpy as np
 
 from ..chip.surfaces import bind_order, surface_sizes
 from ..device.base import Device, Surface
-from ..device.fp16 import round_fp16, write_fp16_columns
 from ..device.overflow import warn_overflow, warned
 from ..errors import ShapeError
+from ..fp16.grid import round_fp16, write_fp16_columns
 from ..mil.program import storage_dtype
 from .cache import ProgramCache, program_cache
 

@@ -14,7 +14,7 @@ from anelm.chip.profile import STRICT
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
 from anelm.device.emulator.matvec import ResidentConv, ResidentWeight, half_bits
-from anelm.device.fp16 import round_fp16
+from anelm.fp16.grid import round_fp16
 from anelm.ir.builder import GraphBuilder
 from anelm.runtime.cache import ProgramCache
 from anelm.runtime.kernel import Kernel

@@ -24,7 +24,7 @@ from anelm.chip.profile import STRICT
 from anelm.compiler.pipeline import compile_graph
 from anelm.device.emulator import Emulator
 from anelm.device.emulator.matvec import HalfMatrix, ResidentConv, half_bits, half_matvec, half_times, widen
-from anelm.device.fp16 import round_fp16
+from anelm.fp16.grid import round_fp16
 from anelm.ir.builder import GraphBuilder
 from anelm.runtime.cache import ProgramCache
 from anelm.runtime.kernel import Kernel

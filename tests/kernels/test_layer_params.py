@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from anelm.kernels.layers import layer_params, layer_shape
-from anelm.mil.half import to_half
+from anelm.fp16.bits import to_half
 from anelm.models.config import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen3Config
 from anelm.models.names import random_layer
 

@@ -175,9 +175,7 @@ def test_dw_and_linear_dx_vs_torch_linear():
     assert ops.dw(dy, x, out=acc) is acc and rel(acc - 1.0, wt.grad) < TOL
 
 
-def test_clamp_fp16_and_flop_counters():
-    x = np.array([np.inf, -1e6, 3.0, -np.inf], np.float32)
-    assert ops.clamp_fp16(x).tolist() == [65504.0, -65504.0, 3.0, -65504.0]
+def test_flop_counters():
     assert ops.matmul_flops(2, 3, 4) == 48
     assert ops.rmsnorm_flops(10, 5, backward=True) > ops.rmsnorm_flops(10, 5) > 0
     assert ops.cross_entropy_flops(100, 8) == 4800 and ops.rope_flops(8, 2) > 0

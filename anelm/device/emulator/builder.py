@@ -16,6 +16,7 @@ import numpy as np
 from ...chip.profile import ChipProfile
 from ...chip.rejects import reject
 from ...errors import BlobError, CompileError, ShapeError
+from ...fp16.grid import round_fp16
 from ...ir.ops import OP_TABLE, full_params, raw_compute
 from ...ir.ops_common import dims
 from ...mil.blob import decode_blob
@@ -23,9 +24,8 @@ from ...mil.program import BlobRef, Function, Literal, Statement, TensorType, Va
 from .accum import accumulated
 from .int8 import Int8State, drop_bypassed, note, rewrite
 from .matvec import ResidentConv, ResidentWeight, held_conv, resident_conv
-from .plan import (FLOAT_DTYPES, MOVEMENT_OPS, Plan, Step, finite_unchanged, unchanged,
-                            make_checked_rounder, make_rounder, node_name, py_value)
-from ..fp16 import round_fp16
+from .plan import (FLOAT_DTYPES, MOVEMENT_OPS, Plan, Step, finite_unchanged, make_checked_rounder, make_rounder,
+                   node_name, py_value, unchanged)
 
 Resolver = Callable[[str], bytes]
 

@@ -58,8 +58,8 @@ from numba.extending import intrinsic
 
 from ...caches import load_compiled
 from ...chip.profile import ChipProfile
+from ...fp16.bits import from_half, half_to_float32, to_half
 from ...ir.ops_common import as_list
-from ...mil.half import from_half, half_to_float32, to_half
 from .accum import saturate
 
 

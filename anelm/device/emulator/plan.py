@@ -16,8 +16,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ...chip.profile import ChipProfile
+from ...fp16.grid import round_fp16, round_fp16_owned, round_fp16_owned_counted
 from ...mil.program import Statement, TensorType, storage_dtype
-from ..fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted
 from ..overflow import FirstOverflow
 
 FLOAT_DTYPES = ("fp16", "fp32")

@@ -27,13 +27,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...fp16.grid import round_fp16, round_fp16_owned, round_fp16_owned_counted
 from ...ir.ops import OP_TABLE, raw_compute
+from ..overflow import FirstOverflow
 from .accum import Saturated, saturate
 from .int8 import W8Conv
 from .matvec import ResidentConv
 from .plan import Plan, Step
-from ..fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted
-from ..overflow import FirstOverflow
+
 
 def _bound_compute(st: Step, plan: Plan) -> Callable[..., Any] | None:
     """The step's compute as `fn(*operands) -> result`, bound to its params and shapes, or None."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...fp16.grid import round_fp16
 from ..base import Surface
-from ..fp16 import round_fp16
 
 
 class ShadowedSurface(Surface):

@@ -24,7 +24,6 @@ from ...models.names import has_head_norms
 from .gemm import dw_into
 
 F32 = np.float32
-FP16_MAX = 65504.0
 
 
 def _check_2d(name: str, x: np.ndarray, channels: int | None = None) -> None:
@@ -291,11 +290,6 @@ def head_loss(head: np.ndarray, xf: np.ndarray, targets: np.ndarray, scale: floa
 
 def cross_entropy_flops(v: int, n: int) -> int:
     return 6 * v * n
-
-
-def clamp_fp16(x: np.ndarray) -> np.ndarray:
-    """Clamp to ±65504 where CPU activations cross into fp16 device surfaces (inf → finite)."""
-    return np.clip(x, -FP16_MAX, FP16_MAX)
 
 
 def cpu_step_flops(cfg: dict, n_tokens: int, rope_on_cpu: bool = True) -> int:

@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from ...errors import UsageError
+from ...fp16 import clamp_fp16
 from ...models.config import Gemma3TextConfig
 from . import cpu_ops as ops
 from .llama import DeviceTrainStep
@@ -81,7 +82,7 @@ class GemmaTrainStep(DeviceTrainStep):
         return self._gain(None, "final")
 
     def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
-        clamp, eps = ops.clamp_fp16, self.cfg.rms_norm_eps
+        clamp, eps = clamp_fp16, self.cfg.rms_norm_eps
         cos, sin = self._rope(i)
         c = {"x": x}
         xn, c["r1"] = self._norm(x, i, "attn_norm")

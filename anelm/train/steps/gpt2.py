@@ -20,6 +20,7 @@ import functools
 import numpy as np
 
 from ...errors import UsageError
+from ...fp16 import clamp_fp16
 from ...models.config import GPT2Config
 from ...models.layers import gelu_tanh
 from ...models.names import model_weight, weight_name
@@ -75,7 +76,7 @@ class GPT2TrainStep(DeviceTrainStep):
         return self._embed_rows(ids) + ops.embed_fwd(w[self.wpe], self._positions)
 
     def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
-        eps, clamp, p = self.cfg.layer_norm_epsilon, ops.clamp_fp16, functools.partial(self._p, i)
+        eps, clamp, p = self.cfg.layer_norm_epsilon, clamp_fp16, functools.partial(self._p, i)
         c = {"x": x}
         xn, c["ln1"] = ops.layernorm_fwd(x, p("attn_norm"), p("attn_norm", "bias"), eps)
         c["xn"] = clamp(xn)

@@ -23,13 +23,12 @@ import numpy as np
 
 from ...compiler.passes.cost import kernel_flops
 from ...compiler.pipeline import compile_graph
-from ...device.fp16 import round_fp16
 from ...errors import CompileError
+from ...fp16.grid import round_fp16
 from ...kernels.families import Family
 from ...kernels.training import (BACKWARD, WEIGHTED, WEIGHTLESS, Dims, LoraLayout, adapter_mats, build_graph,
-                                layer_mats, layouts)
+                                 layer_mats, layouts)
 from ...runtime.kernel import Kernel, Request
-
 
 # The backward kernels: their overflow is what dynamic loss scaling expects (the scaler skips
 # the step and lowers the scale), so it is not warned per kernel (fp16 overflow

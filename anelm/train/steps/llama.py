@@ -39,16 +39,18 @@ import numpy as np
 
 from ...chip.profile import padded_width
 from ...errors import ShapeError, UsageError
-from ...kernels.families import family_for
+from ...fp16 import clamp_fp16
 from ...kernels.attention import example_mask
+from ...kernels.families import family_for
 from ...kernels.training import WEIGHTLESS, Dims
 from ...models.config import LlamaConfig
 from ...models.layers import layer_inv_freqs, per_distinct, rope_full_width, rope_tables
 from ...models.names import has_head_norms, layer_prefix, model_weight, weight_name
 from ...runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
 from . import cpu_ops as ops
+from .arrays import check_weights as _check_weights
+from .arrays import padded as _padded
 from .gemm import dw_into, fold_into
-from .arrays import check_weights as _check_weights, padded as _padded
 from .head import StepHead
 from .kernels_bank import DynamicBank
 from .pipeline_static import StaticBank
@@ -338,7 +340,7 @@ class DeviceTrainStep(StepHead):
         return x, caches
 
     def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
-        eps, clamp = self.cfg.rms_norm_eps, ops.clamp_fp16
+        eps, clamp = self.cfg.rms_norm_eps, clamp_fp16
         c = {"x": x}
         xn, c["r1"] = ops.rmsnorm_fwd(x, self._w(i, "attn_norm"), eps)
         c["xn"] = clamp(xn)

@@ -34,14 +34,15 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import UsageError
+from ...fp16 import clamp_fp16
 from ...kernels.families import family_for
 from ...kernels.training import LoraLayout, drop_key, mask_key
 from ...models.adapters import Adapter, LoraSpec, check_spec, fused_parts, lora_parts, projection_shape, target_modules
-from . import cpu_ops as ops
 from ...models.names import layer_modules, layer_prefix
-from .llama import DeviceTrainStep
+from . import cpu_ops as ops
 from .gemma import GemmaTrainStep
 from .gpt2 import GPT2TrainStep
+from .llama import DeviceTrainStep
 
 F32 = np.float32
 A_KEY, B_KEY = ".lora_A.weight", ".lora_B.weight"
@@ -158,7 +159,7 @@ class LoraHooks:
             if source is None:  # a dx kernel: only `loss_and_grads` runs these, with its masks
                 acts[key] = d
             else:
-                acts[key] = acts[source] if d is None else ops.clamp_fp16(acts[source] * d)
+                acts[key] = acts[source] if d is None else clamp_fp16(acts[source] * d)
         return super()._dev(kind, layer, **acts)
 
     @property

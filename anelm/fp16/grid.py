@@ -17,9 +17,9 @@ import numba
 import numpy as np
 
 from ..caches import load_compiled
-from ..mil.half import from_half
+from . import FP16_MAX
+from .bits import from_half
 
-F16_MAX = 65504.0
 _EXP = np.uint32(0x7F800000)
 _SIGN = np.uint32(0x80000000)
 _MIN_EXP = np.uint32(113 << 23)  # 2**-14, the smallest normal fp16: below it the grid is fixed
@@ -28,7 +28,7 @@ _MIN_EXP = np.uint32(113 << 23)  # 2**-14, the smallest normal fp16: below it th
 # large or larger rounds those values to something that overflows anyway
 _MAX_EXP = np.uint32(143 << 23)
 _SHIFT = np.uint32((13 << 23) | 0x400000)  # 2**13 times the value's binade, times 1.5
-_MAX = np.float32(F16_MAX)
+_MAX = np.float32(FP16_MAX)
 _INF = np.float32(np.inf)
 
 

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from anelm.device.fp16 import round_fp16, round_fp16_owned, round_fp16_owned_counted, write_fp16_columns
+from anelm.fp16 import FP16_MAX, clamp_fp16
+from anelm.fp16.grid import round_fp16, round_fp16_owned, round_fp16_owned_counted, write_fp16_columns
 
 
 def ieee(x: np.ndarray) -> np.ndarray:
@@ -128,3 +129,9 @@ def test_round_fp16_owned_counted_rounds_and_counts_the_non_finite_results(n):
     assert got is x and same_bits(got, want) and bad == np.count_nonzero(~np.isfinite(want)) > 10
     clean, bad = round_fp16_owned_counted(np.linspace(-65504, 65504, n, dtype=np.float32)[::-1])  # a view: a new array
     assert bad == 0 and clean.flags.c_contiguous
+
+
+def test_clamp_fp16_makes_what_crosses_into_a_surface_finite():
+    x = np.array([np.inf, -1e6, 3.0, -np.inf, 65504.0, 65519.0], np.float32)
+    assert clamp_fp16(x).tolist() == [65504.0, -65504.0, 3.0, -65504.0, 65504.0, 65504.0]
+    assert FP16_MAX == float(np.finfo(np.float16).max)

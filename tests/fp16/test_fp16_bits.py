@@ -1,12 +1,12 @@
-"""mil/half.py: the fast fp16 casts give numpy's casts bit for bit (numpy is the reference:
+"""fp16/bits.py: the fast fp16 casts give numpy's casts bit for bit (numpy is the reference:
 round to nearest even, overflow to inf, subnormals, NaN payloads)."""
 
 import numba
 import numpy as np
 import pytest
 
-from anelm.mil import half
-from anelm.mil.half import from_half, to_half
+from anelm.fp16 import bits as half
+from anelm.fp16.bits import from_half, to_half
 
 
 def every_half() -> np.ndarray:
@@ -83,7 +83,7 @@ def test_to_half_of_fp16_values_is_a_new_contiguous_copy():
 
 def test_fold_to_half_is_the_float32_fold_then_the_cast_bit_for_bit():
     # W·diag(g)·diag(r) -> fp16 in one pass: the float32 products in that order, then numpy's cast
-    from anelm.mil.half import fold_to_half
+    from anelm.fp16.bits import fold_to_half
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((320, 256)).astype(np.float32)  # 81,920 elements: the compiled path
