@@ -10,6 +10,7 @@ cost.py), where generation reads them too.
     baseline.py   --save-baseline / --baseline
     plots.py      the sram and roofline PNGs
 
-The model knows only what the compiled programs and the data file tell it; see the README's
-"Cost model" section for what it does not know.
+The model knows only what the compiled programs and the data file tell it; docs/cost-model.md
+says what it does not know. Measurements against PyTorch and HF on the same machine are the
+other half of the story, in the repository's `benchmarks/` scripts (docs/benchmarks.md).
 """
