@@ -61,9 +61,9 @@ class StepSpec:
     classifier_rows: int | None = None   # a compacted vocabulary (maderix): rows the CPU uses
     qk_norm: bool | None = None          # None: from the config (Qwen3 has q/k norms)
     count_recompile: bool = True         # static: charge the per-update recompiles to the step
-    # CPU work that differs between programs (ours: all True; maderix: RoPE forward in the
-    # kernel, no clamps; its static pipeline and Orion: no
-    # RoPE at all, the forward norms and the SwiGLU backward inside the programs)
+    # CPU work that differs between programs (maderix: RoPE forward in the kernel, no clamps; its
+    # static pipeline and Orion: no RoPE at all, the forward norms and the SwiGLU backward inside
+    # the programs; anelm: its clamps saturate inside the fp16 conversion, no pass of their own)
     kernels: str = "anelm"               # "maderix": its ten dynamic programs (bench/maderix.py);
                                          # "static-reference": the six baked ones (maderix_static.py)
     cpu_rope_forward: bool = True
@@ -96,6 +96,9 @@ class StepSpec:
     # a micro-step's dW left running beside the next micro-step's forward (anelm's Llama family:
     # DeviceTrainStep.loss_and_grads(defer=)); else the backward alone hides it
     dw_overlaps_forward: bool = False
+    # RoPE and its inverse inside anelm's attention kernels (kernels.training_attn, `Dims.rope`),
+    # as the trainer runs rotary families on the ANE; their tables cross as one more input
+    rope_on_device: bool = False
 
     @property
     def dims(self):
@@ -105,19 +108,22 @@ class StepSpec:
         hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         return Dims(c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
                     c.get("num_key_value_heads") or c["num_attention_heads"], hd, self.seq_len,
-                    swiglu_dx=self.swiglu_on_device)
+                    swiglu_dx=self.swiglu_on_device, rope=self.rope_on_device)
 
 
 def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str, head_on: str,
                embed_on: str = "cpu") -> StepSpec:
     """anelm's own step as the trainer runs it on the ANE: the classifier at `head_on`, and the
-    SwiGLU backward on the device for the Llama family (train/steps/llama.py)."""
+    SwiGLU backward on the device for the Llama family, RoPE inside the attention kernels for
+    rotary families (train/steps/llama.py), and the activations' clamp to fp16's range inside
+    their conversion (`KernelBank.run`), so no clamping pass."""
     from ..kernels.families import family_for
 
     family = family_for(config.get("model_type", "llama"))
     swiglu = family.gated and family.activation == "silu"  # as train/steps/llama.py decides it
     return StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=swiglu,
-                    dw_overlaps_forward=swiglu, embed_on=embed_on, head_ahead=True)
+                    dw_overlaps_forward=swiglu, embed_on=embed_on, head_ahead=True, rope_on_device=family.rotary,
+                    clamp_inputs=False)
 
 
 def _params(c: dict) -> int:
@@ -176,9 +182,10 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     cpu_swiglu = spec.cpu_swiglu_backward and not spec.swiglu_on_device
     swiglu = layers * max(20 * m.f * n / vec, m.f * n * chip.cpu_exp_s) if cpu_swiglu else 0.0
     # residual adds, RoPE (reads cos/sin), fp16 clamps of what enters a surface, q/k norms
-    other_fwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.cpu_rope_forward and spec.rope else 0)
+    cpu_rope = spec.rope and not spec.rope_on_device
+    other_fwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.cpu_rope_forward and cpu_rope else 0)
                               + (8 * (2 * m.d + qkv) if spec.clamp_inputs else 0) + (12 * qkv if qk else 0)) / vec
-    other_bwd = layers * n * (2 * 12 * m.d + (16 * qkv if spec.rope else 0) + (20 * qkv if qk else 0)) / vec
+    other_bwd = layers * n * (2 * 12 * m.d + (16 * qkv if cpu_rope else 0) + (20 * qkv if qk else 0)) / vec
     # final norm and embedding gather as bytes; the classifier where it runs (train/steps/placement.py:
     # on the CPU its cross-entropy is the chip's CPU softmax per logit, or a scalar one's cost)
     ce = _cross_entropy_s(spec, chip)

@@ -22,7 +22,10 @@ import numpy as np
 from llvmlite import ir
 from numba.extending import intrinsic
 
+from . import FP16_MAX
+
 _U = np.uint32
+_LIMIT = np.float32(FP16_MAX)
 _MIN = 1 << 16  # below this many elements numpy's own cast is as quick as a call into numba
 
 
@@ -75,6 +78,16 @@ def _to_half_bits(src: np.ndarray, dst: np.ndarray) -> None:
 
 
 @numba.njit(nogil=True, cache=True)
+def _to_saturated_half_bits(src: np.ndarray, dst: np.ndarray) -> None:
+    """`_to_half_bits` of each value clamped to ±65504 first (NaN stays NaN)."""
+    for i in range(src.size):
+        x = np.uint32(src[i]).view(np.float32)
+        if abs(x) > _LIMIT:
+            x = -_LIMIT if x < 0 else _LIMIT
+        dst[i] = _half_bits(np.float32(x).view(np.uint32))
+
+
+@numba.njit(nogil=True, cache=True)
 def _fold_half_bits(w: np.ndarray, gain: np.ndarray, row_scale: np.ndarray, dst: np.ndarray) -> None:
     for r in range(w.shape[0]):
         s = row_scale[r]
@@ -122,15 +135,20 @@ def _from_half_bits(src: np.ndarray, dst: np.ndarray) -> None:
         dst[i] = _float_bits(src[i])
 
 
-def to_half(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def to_half(a: np.ndarray, out: np.ndarray | None = None, saturate: bool = False) -> np.ndarray:
     """`a.astype(np.float16)` for a float32 array, as a new C-contiguous array, or into `out`
-    (a C-contiguous float16 array of a's shape). fp16 input is a plain copy (astype's is 6x slower)."""
+    (a C-contiguous float16 array of a's shape). fp16 input is a plain copy (astype's is 6x slower).
+    `saturate`: values past fp16's range become ±65504, not inf (a clamp in the same pass)."""
     a = np.asarray(a)
     if out is None:
         out = np.empty(a.shape, np.float16)
     elif out.dtype != np.float16 or not out.flags.c_contiguous or out.shape != a.shape:
         raise ValueError(f"to_half: out must be a C-contiguous float16 array of shape {a.shape}")
-    if a.dtype == np.float32 and a.size >= _MIN:
+    if saturate and a.dtype == np.float32:
+        _to_saturated_half_bits(np.ascontiguousarray(a).reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
+    elif saturate:
+        np.copyto(out, np.clip(a, -_LIMIT, _LIMIT), casting="unsafe")
+    elif a.dtype == np.float32 and a.size >= _MIN:
         _to_half_bits(np.ascontiguousarray(a).reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
     else:
         with np.errstate(over="ignore"):

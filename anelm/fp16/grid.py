@@ -51,12 +51,26 @@ def _rounded(x: np.float32) -> np.float32:
     return np.uint32(np.float32(y).view(np.uint32) | (bits & _SIGN)).view(np.float32)
 
 
+@numba.njit(inline="always")
+def _saturated(x: np.float32) -> np.float32:
+    """x rounded to fp16, past fp16's range the largest finite value of its sign (inf too; NaN
+    stays NaN): a clamp to ±65504, then `_rounded`, in one step, for what the CPU hands the device."""
+    y = _rounded(x)
+    return y if not abs(y) > _MAX else (-_MAX if y < 0 else _MAX)
+
+
 # Two loops, not one with an aliasing check: LLVM vectorises each only when it can see whether
 # source and destination are the same memory (a runtime overlap falls back to scalar code).
 @numba.njit(nogil=True, cache=True)
 def _round_into(src: np.ndarray, dst: np.ndarray) -> None:
     for i in range(src.size):
         dst[i] = _rounded(src[i])
+
+
+@numba.njit(nogil=True, cache=True)
+def _saturate_into(src: np.ndarray, dst: np.ndarray) -> None:
+    for i in range(src.size):
+        dst[i] = _saturated(src[i])
 
 
 @numba.njit(nogil=True, cache=True)
@@ -70,10 +84,13 @@ _TILE = 256  # tiles of 8x8 blocks: the blocks are transposed in registers, tile
 
 
 @numba.njit(nogil=True, cache=True)
-def _put_rows(src: np.ndarray, dst: np.ndarray, col0: int, rnd: bool) -> None:
+def _put_rows(src: np.ndarray, dst: np.ndarray, col0: int, rnd: bool, sat: bool) -> None:
     rows, n = src.shape
     for r in range(rows):
-        if rnd:
+        if sat:
+            for c in range(n):
+                dst[r, col0 + c] = _saturated(src[r, c])
+        elif rnd:
             for c in range(n):
                 dst[r, col0 + c] = _rounded(src[r, c])
         else:
@@ -98,9 +115,11 @@ def _put_transposed(src_t: np.ndarray, dst: np.ndarray, col0: int) -> None:
             dst[r, col0 + c] = src_t[c, r]
 
 
-def write_fp16_columns(src: np.ndarray, dst: np.ndarray, col0: int, exact: bool = False) -> None:
+def write_fp16_columns(src: np.ndarray, dst: np.ndarray, col0: int, exact: bool = False,
+                       saturate: bool = False) -> None:
     """dst[:, col0:col0 + n] = src `[rows, n]`, rounded to fp16 unless `exact` says it holds
-    fp16 values already. dst: a C-contiguous float32 `[rows, width]` array.
+    fp16 values already; `saturate`: past fp16's range ±65504, not inf (`round_fp16`). dst: a
+    C-contiguous float32 `[rows, width]` array.
 
     How the dynamic pipeline stages weights into columns of a packed input, Wᵀ as often as W:
     a transposed source (a `.T` view of a contiguous matrix) is rounded as it lies, then copied
@@ -112,19 +131,20 @@ def write_fp16_columns(src: np.ndarray, dst: np.ndarray, col0: int, exact: bool 
         raise ValueError(f"write_fp16_columns: cannot write {list(src.shape)} at column {col0} of "
                          f"{list(dst.shape)} {dst.dtype}")
     if src.dtype == np.float32 and src.T.flags.c_contiguous and not src.flags.c_contiguous:
-        _put_transposed(src.T if exact else round_fp16(src.T), dst, col0)
+        _put_transposed(src.T if exact else round_fp16(src.T, saturate=saturate), dst, col0)
     else:
-        _put_rows(np.ascontiguousarray(src, dtype=np.float32), dst, col0, not exact)
+        _put_rows(np.ascontiguousarray(src, dtype=np.float32), dst, col0, not exact, saturate and not exact)
 
 
-def round_fp16(a: Any, out: np.ndarray | None = None) -> np.ndarray:
-    """float32 -> nearest fp16 value (ties to even), as float32; overflow gives +-inf.
+def round_fp16(a: Any, out: np.ndarray | None = None, saturate: bool = False) -> np.ndarray:
+    """float32 -> nearest fp16 value (ties to even), as float32; overflow gives +-inf, or with
+    `saturate` ±65504 (what a clamp before the rounding gives, in the same pass).
 
     Same result, bit for bit, as `a.astype(float16).astype(float32)`. With `out` (a writable
     C-contiguous float32 array of a's size: `a` itself, or memory `a` does not overlap) the
     result is written there and `out` is returned; otherwise a new array of a's shape is.
     """
-    if getattr(a, "dtype", None) == np.float16:
+    if getattr(a, "dtype", None) == np.float16 and not saturate:
         if out is None:
             return from_half(a)  # already fp16 values (inputs, blobs): exact
         out.reshape(-1)[:] = a.reshape(-1)
@@ -136,7 +156,9 @@ def round_fp16(a: Any, out: np.ndarray | None = None) -> np.ndarray:
         out = np.empty(src.shape, np.float32)
     elif out.size != src.size or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"round_fp16: out must be a C-contiguous float32 array of {src.size} values")
-    if out is src:
+    if saturate:
+        _saturate_into(src.reshape(-1), out.reshape(-1))
+    elif out is src:
         _round_in_place(out.reshape(-1))
     else:
         _round_into(src.reshape(-1), out.reshape(-1))

@@ -5,7 +5,12 @@ Heads use the inference kernels' layout (`anelm.kernels.attention`): queries `[H
 `[Hkv, 1, hd, S]`, broadcast over G by matmul, so GQA needs no tiling and no concat. The
 additive causal mask is a const (hardware SDPA ignores masks), or with
 `Dims.mask_input` an input `[1, S_q, 1, S_k]` the CPU writes per sequence (packed examples see
-only their own tokens). Inputs arrive after RoPE (RoPE and its inverse stay on the CPU).
+only their own tokens). q and k arrive after RoPE (`qr`, `kr`: the CPU rotated them), or with
+`Dims.rope` before it, with the tables in an input `rope` (cos, then sin, `[hd, S]` at HF's full
+width): the forward rotates them as the inference kernels do (`layers.apply_rope`), the backward
+rotates them again to recompute the probabilities and takes the inverse rotation of its dq, dk
+(a rotation's inverse is its transpose: dx = dy·cos + Pᵀ·(dy·sin), P the half-turn), so the
+CPU neither rotates q and k nor turns their gradients back.
 
 With P the probabilities `[Hkv, G, S_q, S_k]`, dO the attention-output gradient `[.., hd, S_q]`:
     dP  = dOᵀ·V                          dV = Σ_G dO·P
@@ -17,14 +22,41 @@ far larger than q and k, and recomputing costs one matmul and a softmax.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir.graph import Value
 from .attention import causal_mask, split_heads
+from .layers import apply_rope, rotate_half_matrix
 
 
 def _heads(k, name: str, groups: int) -> Value:
     """Input `name` `[1, H·hd, 1, S]` -> `[Hkv, groups, hd, S]`."""
     m = k.m
     return split_heads(k.b, k.act(name), m.hkv, groups, m.hd, f"{name}_h")
+
+
+def _tables(k) -> tuple[Value, Value]:
+    """cos, sin `[1, 1, hd, S]`, broadcast over the heads."""
+    b, m = k.b, k.m
+    return tuple(b.reshape(k.act(n), [1, 1, m.hd, m.s], name=f"{n}_b") for n in ("cos", "sin"))
+
+
+def _rotated(k, name: str, groups: int, turn: Value | None) -> Value:
+    """Input `name` as heads, rotated by RoPE where the kernel rotates (`Dims.rope`)."""
+    x = _heads(k, name, groups)
+    if not k.m.rope:
+        return x
+    cos, sin = _tables(k)
+    return apply_rope(k.b, x, cos, sin, turn, f"{name}_rope")
+
+
+def _turns(k) -> tuple[Value | None, Value | None]:
+    """The half-turn P `[1, 1, hd, hd]` and its transpose, as consts where the kernel rotates."""
+    if not k.m.rope:
+        return None, None
+    p = rotate_half_matrix(k.m.hd)
+    return tuple(k.b.const(a, name=n, dtype="fp16", blob=True)
+                 for a, n in ((p, "rotate_half"), (np.ascontiguousarray(p.transpose(0, 1, 3, 2)), "rotate_back")))
 
 
 def _probs(k, qh: Value, kh: Value) -> Value:
@@ -46,7 +78,8 @@ def _flat(k, x: Value, channels: int, name: str) -> Value:
 def sdpa_fwd(k) -> dict[str, Value]:
     m, b = k.m, k.b
     g = m.hq // m.hkv
-    qh, kh, vh = _heads(k, "qr", g), _heads(k, "kr", 1), _heads(k, "v", 1)
+    turn, _ = _turns(k)
+    qh, kh, vh = _rotated(k, "qr", g, turn), _rotated(k, "kr", 1, turn), _heads(k, "v", 1)
     p = _probs(k, qh, kh)
     ot = b.matmul(vh, p, transpose_y=True, name="pv")                  # [Hkv, G, hd, S_q]
     return {"attn": _flat(k, ot, m.q, "attn_out")}
@@ -55,7 +88,8 @@ def sdpa_fwd(k) -> dict[str, Value]:
 def sdpa_bwd(k) -> dict[str, Value]:
     m, b = k.m, k.b
     g = m.hq // m.hkv
-    qh, kh, vh = _heads(k, "qr", g), _heads(k, "kr", 1), _heads(k, "v", 1)
+    turn, back = _turns(k)
+    qh, kh, vh = _rotated(k, "qr", g, turn), _rotated(k, "kr", 1, turn), _heads(k, "v", 1)
     do = _heads(k, "dattn", g)                                         # [Hkv, G, hd, S_q]
     p = _probs(k, qh, kh)
     dp = b.matmul(do, vh, transpose_x=True, name="dp")                 # [Hkv, G, S_q, S_k]
@@ -65,5 +99,8 @@ def sdpa_bwd(k) -> dict[str, Value]:
     ds = b.mul(b.mul(p, centered, name="ds_raw"), m.scale, name="ds")
     dq = b.matmul(kh, ds, transpose_y=True, name="dq_h")               # [Hkv, G, hd, S_q]
     dk = b.reduce_sum(b.matmul(qh, ds, name="dk_g"), axes=[1], name="dk_sum")  # [Hkv, 1, hd, S_k]
+    if m.rope:  # the gradients of q and k before their rotation
+        cos, sin = _tables(k)
+        dq, dk = (apply_rope(b, d, cos, sin, back, f"{n}_unrope") for d, n in ((dq, "dq"), (dk, "dk")))
     return {"dk": _flat(k, dk, m.kv, "dk_out"), "dq": _flat(k, dq, m.q, "dq_out"),
             "dv": _flat(k, dv, m.kv, "dv_out")}

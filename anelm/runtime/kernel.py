@@ -24,6 +24,7 @@ from ..chip.surfaces import bind_order, surface_sizes
 from ..device.base import Device, Surface
 from ..device.overflow import warn_overflow, warned
 from ..errors import ShapeError
+from ..fp16.bits import to_half
 from ..fp16.grid import round_fp16, write_fp16_columns
 from ..mil.program import storage_dtype
 from .cache import ProgramCache, program_cache
@@ -34,7 +35,7 @@ def _sizes(specs: list, profile, side: str) -> list[int]:
     return surface_sizes([max(s.surface_bytes, s.nbytes) for s in specs], profile, side)
 
 
-def _as_input(spec, array, surface: Surface, exact: bool = False) -> np.ndarray:
+def _as_input(spec, array, surface: Surface, exact: bool = False, saturate: bool = False) -> np.ndarray:
     """The array as the host keeps it for `surface`: fp16 data as the surface's `host_half`."""
     a = np.asarray(array)
     if a.shape != tuple(spec.shape):
@@ -43,12 +44,15 @@ def _as_input(spec, array, surface: Surface, exact: bool = False) -> np.ndarray:
         raise ShapeError(f"input '{spec.name}': expected numbers castable to {spec.dtype}, got dtype {a.dtype}")
     if spec.dtype != "fp16":
         return np.ascontiguousarray(a, dtype=storage_dtype(spec.dtype))
-    return _to_host_half(a, surface.host_half, exact)
+    return _to_host_half(a, surface.host_half, exact, saturate)
 
 
-def _to_host_half(a: np.ndarray, host: np.dtype, exact: bool = False) -> np.ndarray:
+def _to_host_half(a: np.ndarray, host: np.dtype, exact: bool = False, saturate: bool = False) -> np.ndarray:
     """fp16 values in the host dtype: float32 ones are rounded onto the fp16 grid here, unless
-    `exact` says they are fp16 values already (a float16 host's cast rounds by itself)."""
+    `exact` says they are fp16 values already (a float16 host's cast rounds by itself);
+    `saturate`: past fp16's range ±65504, not inf, in the same pass."""
+    if saturate and not exact:
+        return round_fp16(a, saturate=True) if host == np.float32 else to_half(a, saturate=True)
     if host == np.float32 and a.dtype != np.float16 and not exact:
         return round_fp16(a)
     if a.dtype == host and a.flags.c_contiguous:
@@ -174,18 +178,21 @@ class Request:
         self._mirror: dict[str, np.ndarray] = {}  # host copies of inputs written by columns
         self._dirty: set[str] = set()
 
-    def write(self, name: str, array: np.ndarray, columns: slice | None = None, exact: bool = False) -> None:
+    def write(self, name: str, array: np.ndarray, columns: slice | None = None, exact: bool = False,
+              saturate: bool = False) -> None:
         """Write input `name` whole, or only `columns` of its last (spatial) axis.
 
         With channel-major `[1, C, 1, S]` layout, columns [a, b) of every channel row are
         the elements c*S + a .. c*S + b: the dynamic-weight packing stages a weight there once.
         `exact` promises float values that already are fp16 values (`round_fp16`'s output), so
-        one rounding serves several writes of the same array.
+        one rounding serves several writes of the same array. `saturate` turns values past fp16's
+        range into ±65504 rather than inf as they are converted (activations the CPU computed in
+        float32: no separate clamping pass).
         """
         name = self.kernel._mil.get(name, name)
         i, spec = self._spec(name)
         if columns is None:
-            a = _as_input(spec, array, self.surfaces[i], exact)
+            a = _as_input(spec, array, self.surfaces[i], exact, saturate)
             self._put(i, spec, a)
             if name in self._mirror:
                 self._mirror[name][...] = a
@@ -200,10 +207,10 @@ class Request:
                 and columns.step in (None, 1)):
             # float32 values, [1, C, 1, W]: rounded straight into place (a .T view by 8x8 blocks)
             start = columns.indices(host.shape[3])[0]
-            write_fp16_columns(a, host.reshape(host.shape[1], host.shape[3]), start, exact)
+            write_fp16_columns(a, host.reshape(host.shape[1], host.shape[3]), start, exact, saturate)
         else:
             if spec.dtype == "fp16":
-                a = _to_host_half(a, host.dtype, exact)
+                a = _to_host_half(a, host.dtype, exact, saturate)
             host[..., columns] = a.reshape(target.shape)
         if not live:
             self._dirty.add(name)

@@ -174,3 +174,21 @@ def test_weights_copied_every_evaluation_cost_the_io_their_bytes_say():
     weights_ms = layers * accum * (4 * m.d * m.d + 3 * m.d * m.f) * 8 / chip.cpu_dram_bytes_per_s * 1e3
     for side in ("forward", "backward"):
         assert slow[f"io_{side}_ms"] - fast[f"io_{side}_ms"] == pytest.approx(weights_ms / 2)
+
+
+QWEN3_GAP = ("predicted 379 ms against maderix's 410 (0.93x): the ANE's time, its transfers and AdamW alone "
+             "are 309 ms of the 328 the aim allows; docs/benchmarks.md says what is left")
+
+
+@pytest.mark.parametrize("preset", ["stories110m", pytest.param("qwen3-0.6b", marks=pytest.mark.xfail(
+    strict=True, reason=QWEN3_GAP))])
+def test_anelm_micro_step_is_under_four_fifths_of_maderixs_on_the_m4(preset):
+    """`anelm bench train` in maderix's setting (seq 256, batch 1, 10 micro-steps an update),
+    `--head-on` at its default: anelm's pipeline as the trainer runs it on the ANE (its classifier
+    on the GPU, the SwiGLU backward and RoPE in the kernels, the clamps in the fp16 conversion)
+    against maderix's dynamic pipeline, both priced by the same cost model."""
+    from anelm.bench.commands import train
+
+    out, _, _ = train("m4", preset, "dynamic", measure=False, repeat=1, batch_size=1, grad_accum=10)
+    assert out["head_on"] == "gpu"
+    assert out["predicted_micro_step_ms"] <= 0.8 * out["maderix_micro_step_ms"], out

@@ -1,9 +1,11 @@
 """round_fp16 against numpy's IEEE float16 cast, bit for bit (signed zeros, subnormals, inf, NaN)."""
 
+import functools
+
 import numpy as np
 import pytest
 
-from anelm.fp16 import FP16_MAX, clamp_fp16
+from anelm.fp16 import FP16_MAX
 from anelm.fp16.grid import round_fp16, round_fp16_owned, round_fp16_owned_counted, write_fp16_columns
 
 
@@ -131,7 +133,31 @@ def test_round_fp16_owned_counted_rounds_and_counts_the_non_finite_results(n):
     assert bad == 0 and clean.flags.c_contiguous
 
 
-def test_clamp_fp16_makes_what_crosses_into_a_surface_finite():
-    x = np.array([np.inf, -1e6, 3.0, -np.inf, 65504.0, 65519.0], np.float32)
-    assert clamp_fp16(x).tolist() == [65504.0, -65504.0, 3.0, -65504.0, 65504.0, 65504.0]
+def saturating_cases():
+    """Values on both sides of fp16's range: its largest, the last that rounds down to it, the
+    first that rounds up past it, inf and NaN, and a sweep through every binade."""
+    rng = np.random.default_rng(11)
+    edge = np.array([65504.0, 65519.99, 65520.0, 1e6, np.inf, np.nan, 0.0, -0.0, 6e-8, 3.0], np.float32)
+    sweep = (rng.standard_normal(5000) * 2.0 ** rng.integers(-30, 30, 5000)).astype(np.float32)
+    return np.concatenate([edge, -edge, sweep]).reshape(2, -1)
+
+
+def test_saturating_conversions_are_a_clamp_then_numpys_cast():
+    """`saturate`: what the trainer's old two passes gave (np.clip to ±65504, then the fp16
+    cast), bit for bit, in each of the conversions activations enter the device through."""
+    x = saturating_cases()
+    want = np.clip(x, -FP16_MAX, FP16_MAX).astype(np.float16)
     assert FP16_MAX == float(np.finfo(np.float16).max)
+    same = functools.partial(np.testing.assert_array_equal, strict=True)
+    same(round_fp16(x, saturate=True), want.astype(np.float32))
+    with np.errstate(over="ignore"):  # an inf already fp16
+        same(round_fp16(x.astype(np.float16), saturate=True), want.astype(np.float32))
+    from anelm.fp16.bits import to_half
+
+    same(to_half(x, saturate=True).view(np.uint16), want.view(np.uint16))
+    for src in (x, np.asfortranarray(x)):  # by rows, and the transposed-view path
+        dst = np.zeros((2, x.shape[1] + 8), np.float32)
+        write_fp16_columns(src, dst, 3, saturate=True)
+        same(dst[:, 3:-5], want.astype(np.float32))
+    past = np.abs(np.nan_to_num(x)) >= 65520  # without it, what rounds past the range is inf
+    assert past.sum() > 6 and np.array_equal(np.isinf(round_fp16(x)), past | np.isinf(x))

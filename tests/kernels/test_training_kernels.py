@@ -169,3 +169,37 @@ def test_kernels_take_the_strict_profile():
         assert "concat(" not in art.mil_text
         names = [s.name for s in art.signature.inputs] + [s.name for s in art.signature.outputs]
         assert not any(n[:1] in "io" and n[1:2].isdigit() for n in names), (kind, names)
+
+
+def rope_case(seed):
+    """q, k, v, dattn and the RoPE tables `[hd, S]` of a packed sequence (two examples), the
+    positions as the trainer's tables get them (`models.layers`, HF's full width)."""
+    from anelm.models.layers import rope_full_width, rope_tables
+
+    pos = np.concatenate([np.arange(10), np.arange(M.s - 10)])
+    inv = 1.0 / 10000.0 ** (np.arange(0, M.hd, 2) / M.hd)
+    cos, sin = (rope_full_width(t).astype(np.float64) for t in rope_tables(pos, inv))
+    return (*qkv_inputs(seed), cos, sin)
+
+
+def test_sdpa_with_rope_inside_matches_numpy_rotating_before_and_after():
+    """`Dims.rope`: q and k enter unrotated beside cos and sin; the forward equals attention on
+    the rotated q, k (RoPE by cpu_ops.rope_fwd, itself checked against HF's), and the backward's
+    dq, dk are the gradients before the rotation (cpu_ops.rope_bwd of the rotated ones)."""
+    from anelm.train.steps.cpu_ops import rope_bwd, rope_fwd
+
+    m = Dims(**{**M.__dict__, "rope": True})
+    q, k, v, da, cos, sin = rope_case(9)
+    qr, kr = rope_fwd(q, cos, sin), rope_fwd(k, cos, sin)
+    tables = np.concatenate([cos, sin], axis=1)[None, :, None]  # [1, hd, 1, 2S]: cos, then sin
+    ins = {"q": q[None, :, None], "k": k[None, :, None], "v": v[None, :, None], "rope": tables}
+    got = run(build_graph("sdpa_fwd", m), ins)
+    assert rel_err(got["attn"], attention_ref(qr, kr, v)[0]) <= 1e-2
+    got = run(build_graph("sdpa_bwd", m), {**ins, "da": da[None, :, None]})
+    ref = attention_bwd_ref(qr, kr, v, da)
+    ref["dq"], ref["dk"] = rope_bwd(ref["dq"], cos, sin), rope_bwd(ref["dk"], cos, sin)
+    for name in ("dq", "dk", "dv"):
+        assert rel_err(got[name], ref[name]) <= 1e-2, (name, rel_err(got[name], ref[name]))
+    # the rotation matters: the same inputs without it are far off
+    assert rel_err(run(build_graph("sdpa_fwd", M), {n: a for n, a in ins.items() if n != "rope"})["attn"],
+                   attention_ref(qr, kr, v)[0]) > 5e-2

@@ -83,16 +83,22 @@ def reference(arch):
     return cfg, weights, x, y, loss.item(), grads
 
 
-def make_step(arch, pipeline, profile=PROFILE, weights=None):
+def make_step(arch, pipeline, profile=PROFILE, weights=None, rope_on_device=False):
     cfg, w, *_ = reference(arch)
-    return DeviceTrainStep(cfg, weights or w, Emulator(profile), seq_len=S, pipeline=pipeline)
+    return DeviceTrainStep(cfg, weights or w, Emulator(profile), seq_len=S, pipeline=pipeline,
+                           rope_on_device=rope_on_device)
 
 
-@pytest.mark.parametrize("pipeline", ["dynamic", "static"])
+# RoPE and its inverse on the CPU, or inside the attention kernels (`rope_on_device`, the ANE's
+# default): the same tolerances; the dynamic pipeline for the latter (the attention kernels
+# carry no weights, so both pipelines run them alike)
+@pytest.mark.parametrize("pipeline,rope_on_device", [("dynamic", False), ("static", False), ("dynamic", True)],
+                         ids=["dynamic", "static", "dynamic-rope-on-device"])
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_loss_and_every_gradient_match_autograd(arch, pipeline):
+def test_loss_and_every_gradient_match_autograd(arch, pipeline, rope_on_device):
     _, _, x, y, ref_loss, ref_grads = reference(arch)
-    step = make_step(arch, pipeline)
+    step = make_step(arch, pipeline, rope_on_device=rope_on_device)
+    assert step.kernel_dims.rope == rope_on_device
     try:
         loss, grads, stats = step.loss_and_grads(x, y, loss_scale=SCALE)
     finally:

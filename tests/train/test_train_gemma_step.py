@@ -64,13 +64,16 @@ def reference():
     return config, weights, x, y, loss.item(), grads
 
 
-@pytest.mark.parametrize("pipeline", ["dynamic", "static"])
-def test_loss_and_every_gradient_match_pytorch(reference, pipeline, monkeypatch):
+# RoPE on the CPU, or inside the attention kernels (the ANE's default), local and global bases alike
+@pytest.mark.parametrize("pipeline,rope_on_device", [("dynamic", False), ("static", False), ("dynamic", True)],
+                         ids=["dynamic", "static", "dynamic-rope-on-device"])
+def test_loss_and_every_gradient_match_pytorch(reference, pipeline, rope_on_device, monkeypatch):
     config, weights, x, y, ref_loss, ref_grads = reference
     assert [config.window(i) for i in range(L)] == [WINDOW, None, WINDOW]
     monkeypatch.setattr(cpu_ops, "HEAD_CHUNK", V * 5)  # 5 positions a chunk: the chunked loss
     cls = step_class(config)
-    with cls(config, weights, Emulator(PROFILE), seq_len=S, pipeline=pipeline) as step:
+    with cls(config, weights, Emulator(PROFILE), seq_len=S, pipeline=pipeline, rope_on_device=rope_on_device) as step:
+        assert step.kernel_dims.rope == rope_on_device
         loss, grads, stats = step.loss_and_grads(x, y, loss_scale=SCALE)
     assert abs(loss - ref_loss) <= 1e-2 * abs(ref_loss), (loss, ref_loss)
     assert set(grads) == set(weights)

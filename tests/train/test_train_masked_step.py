@@ -116,16 +116,19 @@ def ours(arch, config, grads):
     return arch.sanitize(grads, config)
 
 
+# "+rope": RoPE inside the attention kernels, on each example's own positions
 @pytest.mark.parametrize("kind", ["llama-gqa", "qwen3-untied", "gpt2", "gemma3", "qwen2", "mistral",
-                                  "smollm3-window"])
+                                  "smollm3-window", "llama-gqa+rope", "gemma3+rope"])
 def test_packed_masked_loss_and_gradients_match_each_example_alone(kind, tmp_path):
+    kind, rope = kind.removesuffix("+rope"), kind.endswith("+rope")
     hf, config, weights, arch = tiny(kind, tmp_path)
     hf.config._attn_implementation = "eager"
     exs = examples(config.vocab_size)
     ref_loss, ref_grads = hf_reference(hf, exs)
     ref_grads = ours(arch, config, ref_grads)
     x, y, pos = packed_batch(exs)
-    with step_class(config)(config, weights, Emulator(PROFILE), seq_len=S, packed=True) as step:
+    with step_class(config)(config, weights, Emulator(PROFILE), seq_len=S, packed=True, rope_on_device=rope) as step:
+        assert step.kernel_dims.rope == rope
         loss, grads, _ = step.loss_and_grads(x, y, loss_scale=SCALE, positions=pos)
         eval_loss = step.loss(x, y, positions=pos)
     tied = config.tie_word_embeddings
@@ -133,7 +136,8 @@ def test_packed_masked_loss_and_gradients_match_each_example_alone(kind, tmp_pat
     assert abs(eval_loss - loss) <= 1e-4 * abs(loss)
 
 
-def test_lora_packed_masked_gradients_match_peft(tmp_path):
+@pytest.mark.parametrize("rope", [False, True], ids=["rope-on-cpu", "rope-on-device"])
+def test_lora_packed_masked_gradients_match_peft(rope, tmp_path):
     hf, config, weights, _ = tiny("llama-gqa", tmp_path)
     pm = lora_tiny.make_peft(hf, "llama-gqa", rank=4, alpha=8.0)
     pm.base_model.model.config._attn_implementation = "eager"
@@ -144,7 +148,8 @@ def test_lora_packed_masked_gradients_match_peft(tmp_path):
         adapter[path + ".lora_A.weight"], adapter[path + ".lora_B.weight"] = a, b
     spec = LoraSpec(4, 8.0, 0.0, tuple(lora_tiny.TARGETS["llama-gqa"]))
     x, y, pos = packed_batch(exs)
-    step = lora_train_step(config, weights, Emulator(PROFILE), seq_len=S, spec=spec, adapter=adapter, packed=True)
+    step = lora_train_step(config, weights, Emulator(PROFILE), seq_len=S, spec=spec, adapter=adapter, packed=True,
+                           rope_on_device=rope)
     with step:
         loss, grads, _ = step.loss_and_grads(x, y, loss_scale=SCALE, positions=pos)
     ref = {n.removeprefix("base_model.model.").replace(".default", ""): g for n, g in ref_grads.items()}

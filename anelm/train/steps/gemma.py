@@ -25,15 +25,12 @@ import math
 import numpy as np
 
 from ...errors import UsageError
-from ...fp16 import clamp_fp16
+from ...kernels.training import GRADIENT_INPUTS
 from ...models.config import Gemma3TextConfig
 from . import cpu_ops as ops
 from .llama import DeviceTrainStep
 
 F32 = np.float32
-# the gradients each backward kernel takes: every result is linear in them (sdpa_bwd's in dattn)
-GRADIENT_INPUTS = {"ffn_down_dx": ("dy",), "ffn_up_dx": ("dh1", "dh3"), "wo_dx": ("dx2",),
-                   "qkv_dx": ("dq", "dk", "dv"), "sdpa_bwd": ("dattn",)}
 
 
 class GemmaTrainStep(DeviceTrainStep):
@@ -66,7 +63,7 @@ class GemmaTrainStep(DeviceTrainStep):
         scale (2^12) the attention backward's dOᵀ·V passed the accumulator's 32,768 and the
         first steps were skipped while the scale fell. Normalised, the device never overflows;
         the loss scale still keeps the CPU's float32 gradients clear of underflow."""
-        names = GRADIENT_INPUTS.get(kind, ())
+        names = GRADIENT_INPUTS.get(kind, ())  # every result is linear in them (sdpa_bwd's in dattn)
         peak = max((float(np.abs(acts[n]).max()) for n in names), default=0.0)
         if not (0.0 < peak < np.inf):  # nothing to scale, or an inf the loss scaler must see
             return super()._dev(kind, layer, **acts)
@@ -82,22 +79,21 @@ class GemmaTrainStep(DeviceTrainStep):
         return self._gain(None, "final")
 
     def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
-        clamp, eps = clamp_fp16, self.cfg.rms_norm_eps
-        cos, sin = self._rope(i)
+        eps = self.cfg.rms_norm_eps
         c = {"x": x}
         xn, c["r1"] = self._norm(x, i, "attn_norm")
-        c["xn"] = clamp(xn)
+        c["xn"] = xn
         qkv = self._dev("qkv", i, xn=c["xn"])
         c["q0"], c["k0"], c["v"] = qkv["q"], qkv["k"], qkv["v"]
         q, c["rq"] = ops.head_rmsnorm_fwd(c["q0"], self._gain(i, "q_norm"), eps)
         k, c["rk"] = ops.head_rmsnorm_fwd(c["k0"], self._gain(i, "k_norm"), eps)
-        c["qr"], c["kr"] = clamp(ops.rope_fwd(q, cos, sin)), clamp(ops.rope_fwd(k, cos, sin))
-        c["attn"] = self._dev("sdpa_fwd", i, qr=c["qr"], kr=c["kr"], v=c["v"])["attn"]
+        c["att"] = self._attention_inputs(i, q, k)
+        c["attn"] = self._dev("sdpa_fwd", i, **c["att"], v=c["v"])["attn"]
         c["o"] = self._dev("wo", i, attn=c["attn"])["o"]
         on, c["ro"] = self._norm(c["o"], i, "attn_post_norm")
         c["x2"] = x + on
         x2n, c["r2"] = self._norm(c["x2"], i, "mlp_norm")
-        c["x2n"] = clamp(x2n)
+        c["x2n"] = x2n
         c.update(self._dev("ffn_up", i, x2n=c["x2n"]))          # gate, h1, h3
         c["f"] = self._dev("ffn_down", i, gate=c["gate"])["f"]
         fn, c["rf"] = self._norm(c["f"], i, "mlp_post_norm")
@@ -109,7 +105,6 @@ class GemmaTrainStep(DeviceTrainStep):
 
     def _layer_bwd(self, i: int, dy: np.ndarray, c: dict, grads: dict, jobs: dict) -> np.ndarray:
         name, gain = functools.partial(self._name, i), functools.partial(self._gain, i)
-        cos, sin = self._rope(i)
         df, grads[name("mlp_post_norm")] = ops.rmsnorm_bwd(dy, c["f"], gain("mlp_post_norm"), c["rf"])
         dgate = self._dev("ffn_down_dx", i, dy=df)["dgate"]
         dh1, dh3 = ops.gelu_gated_bwd(dgate, c["h1"], c["h3"])
@@ -122,11 +117,10 @@ class GemmaTrainStep(DeviceTrainStep):
         do, grads[name("attn_post_norm")] = ops.rmsnorm_bwd(dx2, c["o"], gain("attn_post_norm"), c["ro"])
         self._dw(jobs, name("o"), do, c["attn"])
         dattn = self._dev("wo_dx", i, dx2=do)["dattn"]
-        g = self._dev("sdpa_bwd", i, qr=c["qr"], kr=c["kr"], v=c["v"], dattn=dattn)
-        dq, grads[name("q_norm")] = ops.head_rmsnorm_bwd(ops.rope_bwd(g["dq"], cos, sin), c["q0"],
-                                                         gain("q_norm"), c["rq"])
-        dk, grads[name("k_norm")] = ops.head_rmsnorm_bwd(ops.rope_bwd(g["dk"], cos, sin), c["k0"],
-                                                         gain("k_norm"), c["rk"])
+        g = self._dev("sdpa_bwd", i, **c["att"], v=c["v"], dattn=dattn)
+        dq, dk = self._unrotated(i, g)
+        dq, grads[name("q_norm")] = ops.head_rmsnorm_bwd(dq, c["q0"], gain("q_norm"), c["rq"])
+        dk, grads[name("k_norm")] = ops.head_rmsnorm_bwd(dk, c["k0"], gain("k_norm"), c["rk"])
         for n, d in (("q", dq), ("k", dk), ("v", g["dv"])):
             self._dw(jobs, name(n), d, c["xn"])
         dxn = self._dev("qkv_dx", i, dq=dq, dk=dk, dv=g["dv"])["dx"]
@@ -137,5 +131,6 @@ class GemmaTrainStep(DeviceTrainStep):
         """CPU forward work `cpu_step_flops` leaves out: RoPE and the head norms on q and k, the
         two post-norms, the GELU in place of SiLU's backward (counted as its equal)."""
         c, d = self.dims.q + self.dims.kv, self.dims.d
-        per_layer = ops.rope_flops(c, n) + ops.rmsnorm_flops(c, n) + 2 * ops.rmsnorm_flops(d, n, backward=True)
+        rope = 0 if self.kernel_dims.rope else ops.rope_flops(c, n)
+        per_layer = rope + ops.rmsnorm_flops(c, n) + 2 * ops.rmsnorm_flops(d, n, backward=True)
         return self.n_layers * per_layer

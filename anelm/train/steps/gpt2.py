@@ -20,7 +20,6 @@ import functools
 import numpy as np
 
 from ...errors import UsageError
-from ...fp16 import clamp_fp16
 from ...models.config import GPT2Config
 from ...models.layers import gelu_tanh
 from ...models.names import model_weight, weight_name
@@ -76,18 +75,18 @@ class GPT2TrainStep(DeviceTrainStep):
         return self._embed_rows(ids) + ops.embed_fwd(w[self.wpe], self._positions)
 
     def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
-        eps, clamp, p = self.cfg.layer_norm_epsilon, clamp_fp16, functools.partial(self._p, i)
+        eps, p = self.cfg.layer_norm_epsilon, functools.partial(self._p, i)
         c = {"x": x}
         xn, c["ln1"] = ops.layernorm_fwd(x, p("attn_norm"), p("attn_norm", "bias"), eps)
-        c["xn"] = clamp(xn)
+        c["xn"] = xn
         qkv, (bq, bk, bv) = self._dev("qkv", i, xn=c["xn"]), np.split(p("qkv", "bias"), 3)
-        c["qr"], c["kr"], c["v"] = (clamp(qkv[n] + b[:, None]) for n, b in (("q", bq), ("k", bk), ("v", bv)))
+        c["qr"], c["kr"], c["v"] = (qkv[n] + b[:, None] for n, b in (("q", bq), ("k", bk), ("v", bv)))
         c["attn"] = self._dev("sdpa_fwd", i, qr=c["qr"], kr=c["kr"], v=c["v"])["attn"]
         c["x2"] = x + self._dev("wo", i, attn=c["attn"])["o"] + p("o", "bias")[:, None]
         x2n, c["ln2"] = ops.layernorm_fwd(c["x2"], p("mlp_norm"), p("mlp_norm", "bias"), eps)
-        c["x2n"] = clamp(x2n)
+        c["x2n"] = x2n
         c["h1"] = self._dev("ffn_up", i, x2n=c["x2n"])["h1"] + p("fc", "bias")[:, None]
-        c["gate"] = clamp(gelu_tanh(c["h1"]))
+        c["gate"] = gelu_tanh(c["h1"])
         return c["x2"] + self._dev("ffn_down", i, gate=c["gate"])["f"] + p("proj", "bias")[:, None], c
 
     # ------------------------------------------------------------------ loss and backward

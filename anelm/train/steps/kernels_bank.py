@@ -26,8 +26,8 @@ from ...compiler.pipeline import compile_graph
 from ...errors import CompileError
 from ...fp16.grid import round_fp16
 from ...kernels.families import Family
-from ...kernels.training import (BACKWARD, WEIGHTED, WEIGHTLESS, Dims, LoraLayout, adapter_mats, build_graph,
-                                 layer_mats, layouts)
+from ...kernels.training import (BACKWARD, GRADIENT_INPUTS, WEIGHTED, WEIGHTLESS, Dims, LoraLayout, adapter_mats,
+                                 build_graph, layer_mats, layouts)
 from ...runtime.kernel import Kernel, Request
 
 # The backward kernels: their overflow is what dynamic loss scaling expects (the scaler skips
@@ -71,12 +71,16 @@ class KernelBank:
         return kern
 
     def run(self, kind: str, layer: int, acts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One evaluation on one sequence: activations `[C, S]` by name -> outputs `[C, S]` float32."""
+        """One evaluation on one sequence: activations `[C, S]` by name -> outputs `[C, S]` float32.
+        Forward activations past fp16's range enter as ±65504, not inf (the CPU computed them in
+        float32; one overflow would otherwise spread through the step): a clamp in the conversion's
+        pass. Gradients enter as they are: an overflow is the loss scaler's cue to skip the step."""
         req = self._req.get((kind, layer)) or self._req[(kind, None)]
+        grads = GRADIENT_INPUTS.get(kind, ())
         for name, pk in self.layouts[kind].items():
             cols = pk.columns(self.dims.s)
             for a in pk.acts:
-                req.write(name, acts[a], columns=cols[a])
+                req.write(name, acts[a], columns=cols[a], saturate=a not in grads)
         out = req.run()
         return {k: v.reshape(v.shape[1], v.shape[3]) for k, v in out.items()}
 

@@ -9,9 +9,9 @@ Per layer the device runs the ten kernels of `anelm/kernels/training.py` once pe
 (kernels are built for S tokens; B sequences are B evaluations). Everything between them is
 `cpu_ops` on channel-first float32 `[C, B·S]` arrays, the sequences side by side, so each CPU
 op and each dW is one call over the whole batch: RMSNorm fwd/bwd, residuals, Qwen3's q/k head norm,
-RoPE and its inverse (kept on the CPU, as the issue allows: the device then needs no cos/sin
-tables and one attention kernel serves every position layout), SwiGLU backward, the final
-norm, classifier, loss, embedding, and every dW.
+RoPE and its inverse (or, with `rope_on_device`, inside the attention kernels, on cos/sin tables
+the CPU writes beside q and k: `kernels.training_attn`), SwiGLU backward, the final norm,
+classifier, loss, embedding, and every dW.
 
 dW = dy·xᵀ runs on one worker thread (numpy's BLAS releases the GIL) while the device
 evaluates the next kernels; once the device chain is done, the main thread takes the newest
@@ -19,8 +19,9 @@ dW jobs not yet started, so both cores finish the queue. The arrays a job reads 
 written afterwards (every CPU op returns a new array), so handing them over is a snapshot
 without a copy.
 
-fp16 safety: activations crossing from the CPU into a device surface are clamped to ±65504
-(a float32 overflow would otherwise turn into inf on the device). Gradients are not clamped:
+fp16 safety: activations crossing from the CPU into a device surface saturate at ±65504 as
+they are converted to fp16 (`KernelBank.run`; a float32 value past fp16's range would otherwise
+be inf on the device), in the conversion's own pass rather than a clamping pass of their own. Gradients are not clamped:
 with too large a loss scale they overflow to inf/NaN, and they are returned as such (no
 exception) so the dynamic loss scaler can see it, skip the step and halve the scale.
 
@@ -39,12 +40,9 @@ import numpy as np
 
 from ...chip.profile import padded_width
 from ...errors import ShapeError, UsageError
-from ...fp16 import clamp_fp16
-from ...kernels.attention import example_mask
 from ...kernels.families import family_for
 from ...kernels.training import WEIGHTLESS, Dims
 from ...models.config import LlamaConfig
-from ...models.layers import layer_inv_freqs, per_distinct, rope_full_width, rope_tables
 from ...models.names import has_head_norms, layer_prefix, model_weight, weight_name
 from ...runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
 from . import cpu_ops as ops
@@ -54,19 +52,20 @@ from .gemm import dw_into, fold_into
 from .head import StepHead
 from .kernels_bank import DynamicBank
 from .pipeline_static import StaticBank
+from .positions import StepPositions
 
 F32 = np.float32
 PIPELINES = ("dynamic", "static")
 
 
-class DeviceTrainStep(StepHead):
+class DeviceTrainStep(StepPositions, StepHead):
     """Loss and every parameter gradient of a Llama/Qwen3 model, device + CPU (see module doc)."""
 
     accumulates_in_place = True  # `loss_and_grads(into=)`: the trainer hands it its accumulator
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int,
                  pipeline: str = "dynamic", lora=None, packed: bool = False, head_on: str = "cpu",
-                 swiglu_on_device: bool | None = None, embed_on: str = "cpu"):
+                 swiglu_on_device: bool | None = None, embed_on: str = "cpu", rope_on_device: bool | None = None):
         self._check_config(config)
         if pipeline not in PIPELINES:
             raise UsageError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
@@ -84,8 +83,12 @@ class DeviceTrainStep(StepHead):
         # the ANE: the emulator runs it as fp16 passes on the host, slower than the CPU's own
         swiglu_dx = (getattr(device, "name", None) == "ane" if swiglu_on_device is None else swiglu_on_device) and \
             self.dims.gated and self.dims.act == "silu" and type(self)._layer_bwd is DeviceTrainStep._layer_bwd
+        # RoPE and its inverse inside the attention kernels (`Dims.rope`), by default where the
+        # device is the ANE (on the emulator both are fp16 passes on the host, as the CPU's are)
+        rope = (getattr(device, "name", None) == "ane" if rope_on_device is None else rope_on_device) and \
+            family_for(config.model_type).rotary
         self.kernel_dims = replace(self.dims, s=padded_width(seq_len, multiple), width_multiple=multiple,
-                                   mask_input=self.packed, swiglu_dx=swiglu_dx)
+                                   mask_input=self.packed, swiglu_dx=swiglu_dx, rope=bool(rope))
         self.n_layers = config.num_hidden_layers
         self.qk_norm = has_head_norms(config.model_type)
         self.embed, self.final_norm, self.head = (model_weight(config.model_type, r)
@@ -235,44 +238,20 @@ class DeviceTrainStep(StepHead):
         self._flops = 0
         self._batch = x.shape[0]
         self._count = int((y != ops.IGNORE).sum()) if count is None else count
-        if positions is None:  # every row at 0..S-1: the same tables for every batch of this size
-            if self._batch not in self._tables_cache:
-                pos = np.tile(np.arange(s), (self._batch, 1))
-                self._tables_cache[self._batch] = self._tables(pos.reshape(-1)), self._example_masks(pos)
-            (self._cos, self._sin), self._attn_masks = self._tables_cache[self._batch]
-        else:
-            pos = np.asarray(positions, dtype=np.int64)
-            (self._cos, self._sin), self._attn_masks = self._tables(pos.reshape(-1)), self._example_masks(pos)
-
-    def _tables(self, pos: np.ndarray):
-        """What the layers need about the positions `[B·S]`: each layer's RoPE cos, sin `[hd, B·S]`
-        (HF half-split, rows i and i + hd/2 equal), one pair per distinct RoPE (`config.rope(i)`)."""
-        def full(inv):
-            cos, sin = rope_tables(pos, inv)
-            return rope_full_width(cos), rope_full_width(sin)
-
-        return per_distinct(layer_inv_freqs(self.cfg), full), None
-
-    def _rope(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._cos[i]  # where `_begin` keeps `_tables`' first entry
-
-    def _example_masks(self, pos: np.ndarray) -> dict | None:
-        """A packed step's attention masks: window -> `[B, S_k, S_k]` at the kernels' width."""
-        if not self.packed:
-            return None
-        width = self.kernel_dims.s
-        return {w: np.stack([example_mask(row, width, w) for row in pos]) for w in dict.fromkeys(self.windows)}
+        self._take_positions(positions)
 
     def _stats(self, n_tokens: int, t_main: float) -> dict:
         return {"device_flops": int(self._flops),
-                "cpu_flops": int(ops.cpu_step_flops(self.cfg.to_dict(), n_tokens) + self._fwd_extra(n_tokens)),
+                "cpu_flops": int(ops.cpu_step_flops(self.cfg.to_dict(), n_tokens, not self.kernel_dims.rope)
+                                 + self._fwd_extra(n_tokens)),
                 "t_device": self._t["device"], "t_cpu": max(t_main - self._t["device"], 0.0),
                 "t_dw": self._t["dw"]}
 
     def _fwd_extra(self, n: int) -> int:
         """CPU forward work `cpu_step_flops` leaves out: RoPE on q and k, Qwen3's head norm."""
         c = self.dims.q + self.dims.kv
-        per_layer = ops.rope_flops(c, n) + (ops.rmsnorm_flops(c, n) if self.qk_norm else 0)
+        rope = 0 if self.kernel_dims.rope else ops.rope_flops(c, n)
+        per_layer = rope + (ops.rmsnorm_flops(c, n) if self.qk_norm else 0)
         return self.n_layers * per_layer
 
     def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
@@ -340,22 +319,21 @@ class DeviceTrainStep(StepHead):
         return x, caches
 
     def _layer_fwd(self, i: int, x: np.ndarray) -> tuple[np.ndarray, dict]:
-        eps, clamp = self.cfg.rms_norm_eps, clamp_fp16
+        eps = self.cfg.rms_norm_eps
         c = {"x": x}
         xn, c["r1"] = ops.rmsnorm_fwd(x, self._w(i, "attn_norm"), eps)
-        c["xn"] = clamp(xn)
+        c["xn"] = xn
         qkv = self._dev("qkv", i, xn=c["xn"])
-        q, k, c["v"] = self._bias(i, "q", qkv["q"]), self._bias(i, "k", qkv["k"]), clamp(self._bias(i, "v", qkv["v"]))
+        q, k, c["v"] = self._bias(i, "q", qkv["q"]), self._bias(i, "k", qkv["k"]), self._bias(i, "v", qkv["v"])
         if self.qk_norm:
             c["q0"], c["k0"] = q, k
             q, c["rq"] = ops.head_rmsnorm_fwd(q, self._w(i, "q_norm"), eps)
             k, c["rk"] = ops.head_rmsnorm_fwd(k, self._w(i, "k_norm"), eps)
-        cos, sin = self._rope(i)
-        c["qr"], c["kr"] = clamp(ops.rope_fwd(q, cos, sin)), clamp(ops.rope_fwd(k, cos, sin))
-        c["attn"] = self._dev("sdpa_fwd", i, qr=c["qr"], kr=c["kr"], v=c["v"])["attn"]
+        c["att"] = self._attention_inputs(i, q, k)
+        c["attn"] = self._dev("sdpa_fwd", i, **c["att"], v=c["v"])["attn"]
         c["x2"] = x + self._bias(i, "o", self._dev("wo", i, attn=c["attn"])["o"])
         x2n, c["r2"] = ops.rmsnorm_fwd(c["x2"], self._w(i, "mlp_norm"), eps)
-        c["x2n"] = clamp(x2n)
+        c["x2n"] = x2n
         c.update(self._dev("ffn_up", i, x2n=c["x2n"]))          # gate, h1, h3
         return c["x2"] + self._dev("ffn_down", i, gate=c["gate"])["f"], c
 
@@ -377,9 +355,8 @@ class DeviceTrainStep(StepHead):
         self._dw(jobs, name("o"), dx2, c["attn"])
         self._bias_grad(grads, i, "o", dx2)
         dattn = self._dev("wo_dx", i, dx2=dx2)["dattn"]
-        g = self._dev("sdpa_bwd", i, qr=c["qr"], kr=c["kr"], v=c["v"], dattn=dattn)
-        cos, sin = self._rope(i)
-        dq, dk = ops.rope_bwd(g["dq"], cos, sin), ops.rope_bwd(g["dk"], cos, sin)
+        g = self._dev("sdpa_bwd", i, **c["att"], v=c["v"], dattn=dattn)
+        dq, dk = self._unrotated(i, g)
         if self.qk_norm:
             dq, grads[name("q_norm")] = ops.head_rmsnorm_bwd(
                 dq, c["q0"], self._w(i, "q_norm"), c["rq"])

@@ -34,7 +34,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import UsageError
-from ...fp16 import clamp_fp16
 from ...kernels.families import family_for
 from ...kernels.training import LoraLayout, drop_key, mask_key
 from ...models.adapters import Adapter, LoraSpec, check_spec, fused_parts, lora_parts, projection_shape, target_modules
@@ -104,7 +103,7 @@ class LoraHooks:
         self.seed, self._at, self._masks = int(seed), (0, 0, 0), None
         lay = lora_layout(config, spec)
         super().__init__(config, weights, device, seq_len=seq_len, pipeline=pipeline, lora=lay, packed=packed,
-                         **placement)  # head_on, swiglu_on_device: as the full step's
+                         **placement)  # head_on, swiglu_on_device, rope_on_device: as the full step's
         self._drops = self._dropout_blocks(lay)
         self.set_weights(adapter)
 
@@ -159,7 +158,7 @@ class LoraHooks:
             if source is None:  # a dx kernel: only `loss_and_grads` runs these, with its masks
                 acts[key] = d
             else:
-                acts[key] = acts[source] if d is None else clamp_fp16(acts[source] * d)
+                acts[key] = acts[source] if d is None else acts[source] * d
         return super()._dev(kind, layer, **acts)
 
     @property
