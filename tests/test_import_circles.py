@@ -1,7 +1,7 @@
-"""No import circle inside a folder: within each package folder the modules import one another
-in one direction, so each can be read from the ones it builds on. Imports inside functions
-count too (a lazy import only hides a circle until the code runs). Between folders the layer
-order of tests/test_import_order.py already rules circles out."""
+"""No import circle inside a folder: within each top-level package folder, its subfolders
+included, the modules import one another in one direction, so each can be read from the ones
+it builds on. Imports inside functions count too (a lazy import only hides a circle until the
+code runs). Between folders the layer order of tests/test_import_order.py rules circles out."""
 
 from collections import defaultdict
 from pathlib import Path
@@ -15,18 +15,20 @@ def module_name(path: Path) -> str:
 
 
 def folder_graphs() -> dict[str, dict[str, set[str]]]:
-    """{folder package: {module: the modules of the same folder it imports}}."""
+    """{layer: {module: the modules of the same layer it imports}}: a layer is a top-level folder
+    of the package with its subfolders (device/ with device/emulator/ and device/ane/), so a
+    circle through a subfolder and its parent counts too."""
     paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graphs: dict[str, dict[str, set[str]]] = defaultdict(dict)
     for mod, path in paths.items():
-        folder = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        layer = ".".join(mod.split(".")[:2])
         edges = set()
         for _, target in imported_modules(path):
             while target and target not in paths:  # `from x import name`: the module x
                 target = target.rpartition(".")[0]
-            if target and target != mod and target.rpartition(".")[0] == folder and target != folder:
+            if target and target != mod and ".".join(target.split(".")[:2]) == layer:
                 edges.add(target)
-        graphs[folder][mod] = edges
+        graphs[layer][mod] = edges
     return graphs
 
 
