@@ -174,3 +174,14 @@ def test_bad_arguments_are_one_line_errors():
             step.loss(x[:, :-1], y[:, :-1])
     finally:
         step.close()
+
+
+def test_on_the_ane_rope_and_the_swiglu_backward_run_in_the_kernels_by_default():
+    """Where the device is the ANE, the attention kernels rotate q and k and ffn_down_dx runs the
+    SwiGLU backward (`Dims.rope`, `Dims.swiglu_dx`); on the emulator both stay on the CPU."""
+    cfg, w, *_ = reference("gqa-untied")
+    ane = Emulator(PROFILE)
+    ane.name = "ane"  # the emulator standing in for the chip: the defaults follow the device's name
+    for device, on in ((ane, True), (Emulator(PROFILE), False)):
+        with DeviceTrainStep(cfg, w, device, seq_len=S) as step:
+            assert (step.kernel_dims.rope, step.kernel_dims.swiglu_dx) == (on, on)

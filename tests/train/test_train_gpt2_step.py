@@ -29,8 +29,10 @@ def _compile_count_as_found():
     base.reset_compile_count()
 
 
-@pytest.mark.parametrize("pipeline", ["dynamic", "static"])
-def test_gpt2_loss_and_every_gradient_match_autograd(pipeline):
+# learned positions: asking for RoPE on the device changes nothing (no rotary tables to take)
+@pytest.mark.parametrize("pipeline,rope", [("dynamic", False), ("static", False), ("dynamic", True)],
+                         ids=["dynamic", "static", "dynamic-rope-asked"])
+def test_gpt2_loss_and_every_gradient_match_autograd(pipeline, rope):
     hf_cfg = transformers.GPT2Config(vocab_size=V, n_positions=32, n_embd=32, n_layer=2, n_head=4,
                                      attn_implementation="eager")
     torch.manual_seed(0)
@@ -48,7 +50,8 @@ def test_gpt2_loss_and_every_gradient_match_autograd(pipeline):
     weights = sanitize({n: p.detach().numpy().copy() for n, p in model.named_parameters()}, cfg)
     ref = sanitize({n: p.grad.numpy().copy() for n, p in model.named_parameters()}, cfg)
     with GPT2TrainStep(cfg, weights, Emulator(STRICT.replace(compile_budget=10**9)), seq_len=S,
-                       pipeline=pipeline) as step:
+                       pipeline=pipeline, rope_on_device=rope) as step:
+        assert not step.kernel_dims.rope
         got_loss, grads, stats = step.loss_and_grads(x, y, loss_scale=SCALE)
     assert abs(got_loss - loss.item()) / loss.item() <= 1e-2
     assert set(grads) == set(ref)
