@@ -57,11 +57,7 @@ CARRIES = {"w4": "data = tensor<uint4, [128, 64, 1, 1]>(BLOBFILE",  # tiny gate 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """{scheme: its folder} of a tiny random Gemma 3 with a word-level tokenizer."""
-    d = tmp_path_factory.mktemp("gemma3_4bit") / "model"
-    hf_tiny.make_word_model(d, kind="gemma3")
-    ids = np.random.default_rng(3).integers(3, 96, 300).tolist()
-    text = d.parent / "text.txt"
-    text.write_text(" ".join(hf_tiny.WORDS[i] for i in ids) + "\n", encoding="utf-8")
+    d, text = hf_tiny.word_model_and_text(tmp_path_factory.mktemp("gemma3_4bit"), "gemma3")
     out = {}
     for scheme, extra in (("w4", ["--block-size", "16"]), ("lut4", [])):
         out[scheme] = d.parent / scheme
