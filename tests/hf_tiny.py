@@ -124,6 +124,21 @@ def make_word_model(folder: Path, seed: int = 21, kind: str = "llama-gqa"):
     return hf
 
 
+def word_text(path: Path, n: int, seed: int) -> list[int]:
+    """A text of `n` random words in `path`; returns their ids (the word tokenizer's, `WORDS`)."""
+    ids = np.random.default_rng(seed).integers(3, len(WORDS), n).tolist()
+    path.write_text(" ".join(WORDS[i] for i in ids) + "\n", encoding="utf-8")
+    return ids
+
+
+def word_model_and_text(root: Path, kind: str) -> tuple[Path, Path]:
+    """(root/"model", root/"text.txt"): `make_word_model`'s model of `kind` and 300 random words
+    to calibrate and score on, as the quantize tests of a family run `anelm quantize` on them."""
+    make_word_model(root / "model", kind=kind)
+    word_text(root / "text.txt", 300, seed=3)
+    return root / "model", root / "text.txt"
+
+
 def hf_logits(model, ids) -> np.ndarray:
     with torch.no_grad():
         return model(torch.tensor([list(ids)])).logits[0].numpy()

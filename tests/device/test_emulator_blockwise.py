@@ -139,3 +139,30 @@ def test_the_doctor_probe_passes_here_and_catches_an_op_without_offsets(monkeypa
     monkeypatch.setattr(ops_quant, "blockwise_dense", lambda d, s, o: plain(d, s, None))
     monkeypatch.setenv("ANELM_CACHE_DIR", str(tmp_path))  # no plan the right op folded before
     assert run_suite(Emulator(STRICT), select([W4]))[W4].status != "ok"
+
+
+def test_programs_decoding_one_blob_hold_one_fp16_copy():
+    """A runner's prefill and decode programs decode the same 4-bit blobs: their convs hold one
+    fp16 copy of the weight (emulator.matvec's `decoded_once`), which gives, bit for bit, the
+    products of the same conv on coremltools' dense weight stored as fp16."""
+    from anelm.device.emulator.matvec import ResidentConv
+
+    data, scale, off = _case("uint4", (48, 96, 1, 1), (48, 3, 1, 1), "fp16", seed=31)
+    dense = coremltools_dense("uint4", data, scale, off)
+    x = np.random.default_rng(32).standard_normal((1, 96, 1, 32)).astype(np.float16)
+
+    def run(width: int, weight=None):
+        b = GraphBuilder("w4conv")
+        xv = b.input("x", [1, 96, 1, width])
+        w = b.constexpr_blockwise_shift_scale(data, "uint4", scale, off, name="w") if weight is None else weight
+        b.output("y", b.conv(xv, w, name="y"))
+        k = Kernel(compile_graph(b.build(), STRICT), Emulator(STRICT))
+        y = np.asarray(k(x=x[..., :width])["y"], np.float16)
+        (held,) = [st.fn.weight for st in k.model.plan.steps if isinstance(st.fn, ResidentConv)]
+        return y, held
+
+    (wide, a), (narrow, b) = run(32), run(16)
+    assert np.shares_memory(a.bits(), b.bits()) and a.f32 is None
+    for got, width in ((wide, 32), (narrow, 16)):
+        ref, _ = run(width, dense)
+        assert np.array_equal(got.view(np.uint16), ref.view(np.uint16))

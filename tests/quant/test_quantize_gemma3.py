@@ -62,11 +62,7 @@ IDS = np.random.default_rng(5).integers(3, 96, 40).tolist()
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(HF folder, W8 folder) of a tiny random Gemma 3 with a word-level tokenizer."""
-    d = tmp_path_factory.mktemp("gemma3") / "model"
-    hf_tiny.make_word_model(d, kind="gemma3")
-    ids = np.random.default_rng(3).integers(3, 96, 300).tolist()
-    text = d.parent / "text.txt"
-    text.write_text(" ".join(hf_tiny.WORDS[i] for i in ids) + "\n", encoding="utf-8")
+    d, text = hf_tiny.word_model_and_text(tmp_path_factory.mktemp("gemma3"), "gemma3")
     q = d.parent / "w8"
     assert main(["quantize", "--model", str(d), "--out", str(q), "--data", str(text), "--calib-tokens", "128",
                  "--eval-tokens", "128", "--device", "emulator"]) == 0

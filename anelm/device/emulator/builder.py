@@ -23,11 +23,15 @@ from ...mil.blob import decode_blob
 from ...mil.program import BlobRef, Function, Literal, Statement, TensorType, Var
 from .accum import accumulated
 from .int8 import Int8State, drop_bypassed, note, rewrite
-from .matvec import ResidentConv, ResidentWeight, held_conv, resident_conv
+from .matvec import ResidentConv, ResidentWeight, decoded_once, held_conv, resident_conv
 from .plan import (FLOAT_DTYPES, MOVEMENT_OPS, Plan, Step, finite_unchanged, make_checked_rounder, make_rounder,
                    node_name, py_value, unchanged)
 
 Resolver = Callable[[str], bytes]
+# 4-bit weights decoded at compile time (W4, LUT4/LUT6): their fp16 results wait in `halves` as
+# float16, as an fp16 blob does, so a resident conv holds them at 2 bytes a weight, not 4, and
+# one copy serves every plan decoding the same operands (`decoded_once`)
+DECODED_WEIGHTS = frozenset({"constexpr_blockwise_shift_scale", "constexpr_lut_to_dense"})
 
 
 @dataclass
@@ -60,7 +64,7 @@ class _Builder:
             self.plan.types[name] = t
             self.plan.in_round[name] = make_rounder(t.dtype, profile)
         self.resident: dict[str, ResidentWeight] = {}  # conv weights held fp16 for the decode path
-        self.halves: dict[str, np.ndarray] = {}  # fp16 blob consts as blob views, not decoded yet
+        self.halves: dict[str, np.ndarray] = {}  # fp16 blob consts as blob views (or DECODED_WEIGHTS), not decoded yet
         self.rounders: dict[str, Callable] = {}  # by result dtype: one rounder for every step of the plan
         self.checkers: dict[str, Callable] = {}
         self.decoding: list[str] | None = None  # the halves decoded while a replay places one entry
@@ -153,11 +157,14 @@ class _Builder:
         """A const; fp16 blob values (exact already) wait in `halves`, for a resident conv to hold as they lie."""
         self.plan.types[key] = arg.type
         val = self.decode(arg) if isinstance(arg, BlobRef) else arg.value
-        if isinstance(arg, BlobRef) and arg.type.dtype == "fp16" and self.profile.compute_dtype == "fp16" \
-                and self.profile.saturate_above is None:
+        if isinstance(arg, BlobRef) and self.held_half(arg.type.dtype):
             self.halves[key] = val
         else:
             self.plan.consts[key] = val if isinstance(val, str) else make_rounder(arg.type.dtype, self.profile)(val)
+
+    def held_half(self, dtype: str) -> bool:
+        """Whether an fp16 const may wait as float16: its values are then the stored ones."""
+        return dtype == "fp16" and self.profile.compute_dtype == "fp16" and self.profile.saturate_above is None
 
     def decoded(self, keys) -> None:
         """The `halves` among `keys` (names or lists of them) into the consts, as float32 fp16 values."""
@@ -319,6 +326,14 @@ class _Builder:
     def fold(self, step: Step) -> None:
         env = self.plan.consts
         args = {k: [env[i] for i in key] if isinstance(key, list) else env[key] for k, key in step.tensors}
+        if step.op in DECODED_WEIGHTS and self.held_half(self.plan.types[step.outs[0][0]].dtype):
+            (name, rnd), = step.outs  # fp16 values: as float16, exact
+
+            def decode() -> np.ndarray:
+                with np.errstate(all="ignore"):
+                    return rnd(step.fn(args, step.params)[0]).astype(np.float16)
+            self.halves[name] = decoded_once(step.op, args, step.params, decode)
+            return
         with np.errstate(all="ignore"):
             res = step.fn(args, step.params)
         for (name, rnd), r in zip(step.outs, res):
