@@ -6,7 +6,8 @@ import shutil
 import tempfile
 
 import pytest
-from real_models import gemma, gemma_gguf, gemma_hf, smollm, smollm_gguf, smollm_hf  # noqa: F401  (session fixtures, any folder)
+from real_models import (gemma, gemma_apache, gemma_gguf, gemma_hf, smollm, smollm_gguf,  # noqa: F401  (session
+                         smollm_hf)  # fixtures, any folder)
 
 
 def pytest_configure(config):

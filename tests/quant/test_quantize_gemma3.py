@@ -40,7 +40,6 @@ import pytest
 pytest.importorskip("transformers")
 import hf_tiny  # noqa: E402
 from helpers import rel_err  # noqa: E402
-from real_models import SHARED  # noqa: E402
 
 from anelm.cli.main import main  # noqa: E402
 from anelm.device.overflow import reset_overflow_warnings  # noqa: E402
@@ -50,7 +49,7 @@ from anelm.kernels.int8 import unfolded_params  # noqa: E402
 from anelm.kernels.layers import layer_params, layer_shape  # noqa: E402
 from anelm.models.loading import build_model, load_model  # noqa: E402
 from anelm.models.names import layer_weights  # noqa: E402
-from anelm.quant.command import build_folder, calibration, split_text  # noqa: E402
+from anelm.quant.command import build_folder, calibration  # noqa: E402
 
 SEQ = 256  # calibration and the scored window; a prefill bucket of the 256-context plan
 LIMITS = {"w8": 0.02, "w8a8": 0.10}  # |ratio - 1|
@@ -100,21 +99,16 @@ def test_w8_logits_against_the_cpu_reference(tiny):
 # --- Gemma 3 270M ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def scored(gemma, gemma_hf, tmp_path_factory):
+def scored(gemma, gemma_hf, gemma_apache, tmp_path_factory):
     """({"source", "hf", "w8", "w8a8": perplexity of the held-out window}, the W8 and W8A8
     runners, what the device printed on stderr while scoring)."""
     config, weights, tok = gemma
-    text = SHARED / "data" / "text" / "apache-2.0.txt"
-    if not text.is_file():
-        pytest.skip(f"{text} is absent: ../shared (external fixtures) is not part of a user's clone")
-    calib, held = split_text(tok, text.read_text(encoding="utf-8"), SEQ, SEQ)
-    assert held[0] == config.bos_token_id and len(held) == SEQ
+    _, calib, held, source, source_err = gemma_apache  # the unquantized model scored once (real_models)
+    assert len(held) == SEQ
     reset_overflow_warnings()  # each kernel warns once per process: as a fresh process would
-    err, ppl, runners = io.StringIO(), {"hf": float(np.exp(hf_tiny.hf_windows(gemma_hf[0], held, SEQ)[0]))}, {}
+    err, runners = io.StringIO(), {}
+    ppl = {"hf": float(np.exp(hf_tiny.hf_windows(gemma_hf[0], held, SEQ)[0])), "source": source}
     with contextlib.redirect_stderr(err):
-        runner = build_runner(config, dict(weights), "emulator", SEQ)
-        ppl["source"] = perplexity(runner, held, SEQ, False).ppl
-        runner.close()
         cal = calibration(config, weights, calib, SEQ, False)  # one pass serves both schemes
         for scheme in ("w8", "w8a8"):
             folder, _, _ = build_folder(tmp_path_factory.mktemp("q") / scheme, config, weights, tok, scheme,
@@ -123,7 +117,7 @@ def scored(gemma, gemma_hf, tmp_path_factory):
             runners[scheme] = build_runner(qconfig, qweights, "emulator", SEQ)
             ppl[scheme] = perplexity(runners[scheme], held, SEQ, False).ppl
             shutil.rmtree(folder)  # 0.8 GB (the embedding in float32), read into memory already
-    return ppl, runners, err.getvalue()
+    return ppl, runners, source_err + err.getvalue()
 
 
 @pytest.mark.parametrize("scheme", list(LIMITS))

@@ -46,14 +46,13 @@ import pytest
 pytest.importorskip("transformers")
 import hf_tiny  # noqa: E402
 from helpers import device_against_cpu  # noqa: E402
-from real_models import SHARED  # noqa: E402
 
 from anelm.cli.main import main  # noqa: E402
 from anelm.device.overflow import reset_overflow_warnings  # noqa: E402
 from anelm.generate.perplexity import perplexity  # noqa: E402
 from anelm.generate.pipeline import build_runner  # noqa: E402
 from anelm.models.loading import load_model  # noqa: E402
-from anelm.quant.command import build_folder, device_bytes, split_text  # noqa: E402
+from anelm.quant.command import build_folder, device_bytes  # noqa: E402
 
 SEQ = 256  # calibration and the scored window; a prefill bucket of the 256-context plan
 LIMITS = {"w4": 0.03, "lut4": 0.05}  # |ratio - 1| against the unquantized model on the device
@@ -112,26 +111,18 @@ def test_fitted_blocks_err_less_than_min_max(tiny):
 # --- Gemma 3 270M ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def scored(gemma, tmp_path_factory):
+def scored(gemma, gemma_apache, tmp_path_factory):
     """({"source", "w4", "lut4": perplexity of the held-out window}, {scheme: folder bytes}, the
     fp16 weights' bytes, what the device printed on stderr, {scheme: its quantization_config})."""
     config, weights, tok = gemma
-    text = SHARED / "data" / "text" / "apache-2.0.txt"
-    if not text.is_file():
-        pytest.skip(f"{text} is absent: ../shared (external fixtures) is not part of a user's clone")
-    prose = text.read_text(encoding="utf-8")
-    calib, held = split_text(tok, prose, SEQ, SEQ)
-    ids = tok.encode(prose)
+    ids, calib, held, source, source_err = gemma_apache  # the unquantized model scored once (real_models)
     assert held == ids[:1] + ids[SEQ:2 * SEQ - 1] and held[0] == config.bos_token_id
     # lut4 chooses its tables on the last quarter of its calibration (quant/lut.py), which needs
     # 512 tokens: the 256 before the window and the 256 after it, the window itself left out
     calibs = {"w4": calib, "lut4": calib + ids[2 * SEQ - 1:3 * SEQ - 1]}
     reset_overflow_warnings()  # each kernel warns once per process: as a fresh process would
-    err, ppl, size, qcs = io.StringIO(), {}, {}, {}
+    err, ppl, size, qcs = io.StringIO(), {"source": source}, {}, {}
     with contextlib.redirect_stderr(err):
-        runner = build_runner(config, dict(weights), "emulator", SEQ)
-        ppl["source"] = perplexity(runner, held, SEQ, False).ppl
-        runner.close()
         for scheme in LIMITS:
             folder, _, _ = build_folder(tmp_path_factory.mktemp("q") / scheme, config, weights, tok, scheme,
                                         calibs[scheme], SEQ, False)
@@ -146,7 +137,7 @@ def scored(gemma, tmp_path_factory):
     fp16 = device_bytes(weights)
     print("Gemma 3 270M:", {k: f"{v:.3f} (x{v / ppl['source']:.3f})" for k, v in ppl.items()},
           {k: f"{v / 1e6:.1f} MB = {v / fp16:.1%} of fp16" for k, v in size.items()})
-    return ppl, size, fp16, err.getvalue(), qcs
+    return ppl, size, fp16, source_err + err.getvalue(), qcs
 
 
 LUT_GAP = ("tables per row and 64 inputs, chosen on the held-out part of 512 calibration tokens, measure x1.052 "
