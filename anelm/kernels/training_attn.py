@@ -35,28 +35,20 @@ def _heads(k, name: str, groups: int) -> Value:
     return split_heads(k.b, k.act(name), m.hkv, groups, m.hd, f"{name}_h")
 
 
-def _tables(k) -> tuple[Value, Value]:
-    """cos, sin `[1, 1, hd, S]`, broadcast over the heads."""
+def _rope(k) -> tuple[Value, Value, Value] | None:
+    """cos, sin `[1, 1, hd, S]` (broadcast over the heads) and the half-turn P `[1, 1, hd, hd]`,
+    where the kernel rotates (`Dims.rope`); else None."""
+    if not k.m.rope:
+        return None
     b, m = k.b, k.m
-    return tuple(b.reshape(k.act(n), [1, 1, m.hd, m.s], name=f"{n}_b") for n in ("cos", "sin"))
+    cos, sin = (b.reshape(k.act(n), [1, 1, m.hd, m.s], name=f"{n}_b") for n in ("cos", "sin"))
+    return cos, sin, b.const(rotate_half_matrix(m.hd), name="rotate_half", dtype="fp16", blob=True)
 
 
-def _rotated(k, name: str, groups: int, turn: Value | None) -> Value:
-    """Input `name` as heads, rotated by RoPE where the kernel rotates (`Dims.rope`)."""
+def _rotated(k, name: str, groups: int, rope: tuple | None) -> Value:
+    """Input `name` as heads, rotated by RoPE where the kernel rotates."""
     x = _heads(k, name, groups)
-    if not k.m.rope:
-        return x
-    cos, sin = _tables(k)
-    return apply_rope(k.b, x, cos, sin, turn, f"{name}_rope")
-
-
-def _turns(k) -> tuple[Value | None, Value | None]:
-    """The half-turn P `[1, 1, hd, hd]` and its transpose, as consts where the kernel rotates."""
-    if not k.m.rope:
-        return None, None
-    p = rotate_half_matrix(k.m.hd)
-    return tuple(k.b.const(a, name=n, dtype="fp16", blob=True)
-                 for a, n in ((p, "rotate_half"), (np.ascontiguousarray(p.transpose(0, 1, 3, 2)), "rotate_back")))
+    return x if rope is None else apply_rope(k.b, x, *rope, f"{name}_rope")
 
 
 def _probs(k, qh: Value, kh: Value) -> Value:
@@ -78,8 +70,8 @@ def _flat(k, x: Value, channels: int, name: str) -> Value:
 def sdpa_fwd(k) -> dict[str, Value]:
     m, b = k.m, k.b
     g = m.hq // m.hkv
-    turn, _ = _turns(k)
-    qh, kh, vh = _rotated(k, "qr", g, turn), _rotated(k, "kr", 1, turn), _heads(k, "v", 1)
+    rope = _rope(k)
+    qh, kh, vh = _rotated(k, "qr", g, rope), _rotated(k, "kr", 1, rope), _heads(k, "v", 1)
     p = _probs(k, qh, kh)
     ot = b.matmul(vh, p, transpose_y=True, name="pv")                  # [Hkv, G, hd, S_q]
     return {"attn": _flat(k, ot, m.q, "attn_out")}
@@ -88,8 +80,8 @@ def sdpa_fwd(k) -> dict[str, Value]:
 def sdpa_bwd(k) -> dict[str, Value]:
     m, b = k.m, k.b
     g = m.hq // m.hkv
-    turn, back = _turns(k)
-    qh, kh, vh = _rotated(k, "qr", g, turn), _rotated(k, "kr", 1, turn), _heads(k, "v", 1)
+    rope = _rope(k)
+    qh, kh, vh = _rotated(k, "qr", g, rope), _rotated(k, "kr", 1, rope), _heads(k, "v", 1)
     do = _heads(k, "dattn", g)                                         # [Hkv, G, hd, S_q]
     p = _probs(k, qh, kh)
     dp = b.matmul(do, vh, transpose_x=True, name="dp")                 # [Hkv, G, S_q, S_k]
@@ -99,8 +91,10 @@ def sdpa_bwd(k) -> dict[str, Value]:
     ds = b.mul(b.mul(p, centered, name="ds_raw"), m.scale, name="ds")
     dq = b.matmul(kh, ds, transpose_y=True, name="dq_h")               # [Hkv, G, hd, S_q]
     dk = b.reduce_sum(b.matmul(qh, ds, name="dk_g"), axes=[1], name="dk_sum")  # [Hkv, 1, hd, S_k]
-    if m.rope:  # the gradients of q and k before their rotation
-        cos, sin = _tables(k)
+    if rope is not None:  # the gradients of q and k before their rotation: by Pᵀ, the inverse turn
+        cos, sin, _ = rope
+        back = b.const(np.ascontiguousarray(rotate_half_matrix(m.hd).transpose(0, 1, 3, 2)), name="rotate_back",
+                       dtype="fp16", blob=True)
         dq, dk = (apply_rope(b, d, cos, sin, back, f"{n}_unrope") for d, n in ((dq, "dq"), (dk, "dk")))
     return {"dk": _flat(k, dk, m.kv, "dk_out"), "dq": _flat(k, dq, m.q, "dq_out"),
             "dv": _flat(k, dv, m.kv, "dv_out")}
