@@ -77,14 +77,17 @@ def _to_half_bits(src: np.ndarray, dst: np.ndarray) -> None:
         dst[i] = _half_bits(src[i])
 
 
+@numba.njit(inline="always")
+def clamped(x: np.float32) -> np.float32:
+    """x within ±65504, inf included (NaN stays NaN): where every saturating conversion starts."""
+    return x if not abs(x) > _LIMIT else (-_LIMIT if x < 0 else _LIMIT)
+
+
 @numba.njit(nogil=True, cache=True)
 def _to_saturated_half_bits(src: np.ndarray, dst: np.ndarray) -> None:
-    """`_to_half_bits` of each value clamped to ±65504 first (NaN stays NaN)."""
+    """`_to_half_bits` of each value `clamped` first."""
     for i in range(src.size):
-        x = np.uint32(src[i]).view(np.float32)
-        if abs(x) > _LIMIT:
-            x = -_LIMIT if x < 0 else _LIMIT
-        dst[i] = _half_bits(np.float32(x).view(np.uint32))
+        dst[i] = _half_bits(np.float32(clamped(np.uint32(src[i]).view(np.float32))).view(np.uint32))
 
 
 @numba.njit(nogil=True, cache=True)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..caches import load_compiled
 from . import FP16_MAX
-from .bits import from_half
+from .bits import clamped, from_half
 
 _EXP = np.uint32(0x7F800000)
 _SIGN = np.uint32(0x80000000)
@@ -54,9 +54,8 @@ def _rounded(x: np.float32) -> np.float32:
 @numba.njit(inline="always")
 def _saturated(x: np.float32) -> np.float32:
     """x rounded to fp16, past fp16's range the largest finite value of its sign (inf too; NaN
-    stays NaN): a clamp to ±65504, then `_rounded`, in one step, for what the CPU hands the device."""
-    y = _rounded(x)
-    return y if not abs(y) > _MAX else (-_MAX if y < 0 else _MAX)
+    stays NaN): `bits.clamped`, then `_rounded`, in one step, for what the CPU hands the device."""
+    return _rounded(clamped(x))
 
 
 # Two loops, not one with an aliasing check: LLVM vectorises each only when it can see whether

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from anelm.fp16 import FP16_MAX
+from anelm.fp16.bits import to_half
 from anelm.fp16.grid import round_fp16, round_fp16_owned, round_fp16_owned_counted, write_fp16_columns
 
 
@@ -152,8 +153,6 @@ def test_saturating_conversions_are_a_clamp_then_numpys_cast():
     same(round_fp16(x, saturate=True), want.astype(np.float32))
     with np.errstate(over="ignore"):  # an inf already fp16
         same(round_fp16(x.astype(np.float16), saturate=True), want.astype(np.float32))
-    from anelm.fp16.bits import to_half
-
     same(to_half(x, saturate=True).view(np.uint16), want.view(np.uint16))
     for src in (x, np.asfortranarray(x)):  # by rows, and the transposed-view path
         dst = np.zeros((2, x.shape[1] + 8), np.float32)
