@@ -16,6 +16,9 @@ With P the probabilities `[Hkv, G, S_q, S_k]`, dO the attention-output gradient 
     dP  = dOᵀ·V                          dV = Σ_G dO·P
     dS  = P ∘ (dP − rowsum(P ∘ dP)) · scale      (scale 1/√hd, or the family's: Gemma's)
     dQ  = K·dSᵀ                          dK = Σ_G Q·dS
+The sums over a KV head's G query heads are the contraction of one matmul each (`_grouped`:
+dO and Q as `[hd, G·S_q]`, P and dS as `[G·S_q, S_k]`), not a reduction after G matmuls: the
+device's reductions run on its slow vector path, its matmuls on the fast one.
 P is recomputed from q and k rather than carried over from the forward: it is S² per head,
 far larger than q and k, and recomputing costs one matmul and a softmax.
 """
@@ -67,6 +70,17 @@ def _flat(k, x: Value, channels: int, name: str) -> Value:
     return k.b.reshape(x, [1, channels, 1, k.m.s], name=name)          # [1, C, 1, S]
 
 
+def _grouped(k, x: Value, y: Value, name: str) -> Value:
+    """Σ_G x_g·y_g as one matmul: x `[Hkv, G, hd, S_q]`, y `[Hkv, G, S_q, S_k]` -> `[Hkv, 1, hd, S_k]`
+    (x's query heads side by side along S_q, y's stacked: the sum is the contraction)."""
+    b, m = k.b, k.m
+    g = m.hq // m.hkv
+    if g > 1:
+        x = b.reshape(b.transpose(x, [0, 2, 1, 3], name=f"{name}_t"), [m.hkv, 1, m.hd, g * m.s], name=f"{name}_x")
+        y = b.reshape(y, [m.hkv, 1, g * m.s, m.s], name=f"{name}_y")
+    return b.matmul(x, y, name=name)
+
+
 def sdpa_fwd(k) -> dict[str, Value]:
     m, b = k.m, k.b
     g = m.hq // m.hkv
@@ -85,12 +99,12 @@ def sdpa_bwd(k) -> dict[str, Value]:
     do = _heads(k, "dattn", g)                                         # [Hkv, G, hd, S_q]
     p = _probs(k, qh, kh)
     dp = b.matmul(do, vh, transpose_x=True, name="dp")                 # [Hkv, G, S_q, S_k]
-    dv = b.reduce_sum(b.matmul(do, p, name="dv_g"), axes=[1], name="dv_sum")  # [Hkv, 1, hd, S_k]
+    dv = _grouped(k, do, p, "dv_sum")                                  # [Hkv, 1, hd, S_k]
     rowdot = b.reduce_sum(b.mul(p, dp, name="pdp"), axes=[3], name="rowdot")  # [Hkv, G, S_q, 1]
     centered = b.sub(dp, rowdot, name="dp_c")
     ds = b.mul(b.mul(p, centered, name="ds_raw"), m.scale, name="ds")
     dq = b.matmul(kh, ds, transpose_y=True, name="dq_h")               # [Hkv, G, hd, S_q]
-    dk = b.reduce_sum(b.matmul(qh, ds, name="dk_g"), axes=[1], name="dk_sum")  # [Hkv, 1, hd, S_k]
+    dk = _grouped(k, qh, ds, "dk_sum")                                 # [Hkv, 1, hd, S_k]
     if rope is not None:  # the gradients of q and k before their rotation: by Pᵀ, the inverse turn
         cos, sin, _ = rope
         back = b.const(np.ascontiguousarray(rotate_half_matrix(m.hd).transpose(0, 1, 3, 2)), name="rotate_back",
