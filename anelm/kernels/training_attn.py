@@ -18,7 +18,8 @@ With P the probabilities `[Hkv, G, S_q, S_k]`, dO the attention-output gradient 
     dQ  = K·dSᵀ                          dK = Σ_G Q·dS
 The sums over a KV head's G query heads are the contraction of one matmul each (`_grouped`:
 dO and Q as `[hd, G·S_q]`, P and dS as `[G·S_q, S_k]`), not a reduction after G matmuls: the
-device's reductions run on its slow vector path, its matmuls on the fast one.
+device's reductions run on its slow vector path, its matmuls on the fast one. For the same
+reason rowsum(P ∘ dP) is a matmul by a column of ones.
 P is recomputed from q and k rather than carried over from the forward: it is S² per head,
 far larger than q and k, and recomputing costs one matmul and a softmax.
 """
@@ -100,7 +101,8 @@ def sdpa_bwd(k) -> dict[str, Value]:
     p = _probs(k, qh, kh)
     dp = b.matmul(do, vh, transpose_x=True, name="dp")                 # [Hkv, G, S_q, S_k]
     dv = _grouped(k, do, p, "dv_sum")                                  # [Hkv, 1, hd, S_k]
-    rowdot = b.reduce_sum(b.mul(p, dp, name="pdp"), axes=[3], name="rowdot")  # [Hkv, G, S_q, 1]
+    ones = b.const(np.ones((m.hkv, g, m.s, 1)), name="ones_k", dtype="fp16", blob=True)
+    rowdot = b.matmul(b.mul(p, dp, name="pdp"), ones, name="rowdot")  # [Hkv, G, S_q, 1]: Σ over keys
     centered = b.sub(dp, rowdot, name="dp_c")
     ds = b.mul(b.mul(p, centered, name="ds_raw"), m.scale, name="ds")
     dq = b.matmul(kh, ds, transpose_y=True, name="dq_h")               # [Hkv, G, hd, S_q]
