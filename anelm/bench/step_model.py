@@ -26,7 +26,7 @@ between the fp32 arrays and the fp16 surfaces at the same rate. Never the host's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import UsageError
 from ..models.names import has_head_norms
@@ -99,6 +99,9 @@ class StepSpec:
     # RoPE and its inverse inside anelm's attention kernels (kernels.training_attn, `Dims.rope`),
     # as the trainer runs rotary families on the ANE; their tables cross as one more input
     rope_on_device: bool = False
+    # sdpa_bwd takes the forward's probabilities rather than recomputing them (`Dims.carry_probs`),
+    # as the trainer does where the host can keep them (`kernels.training.carry_fits`)
+    carry_probs: bool = False
 
     @property
     def dims(self):
@@ -108,22 +111,25 @@ class StepSpec:
         hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         return Dims(c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
                     c.get("num_key_value_heads") or c["num_attention_heads"], hd, self.seq_len,
-                    swiglu_dx=self.swiglu_on_device, rope=self.rope_on_device)
+                    swiglu_dx=self.swiglu_on_device, rope=self.rope_on_device, carry_probs=self.carry_probs)
 
 
 def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str, head_on: str,
                embed_on: str = "cpu") -> StepSpec:
     """anelm's own step as the trainer runs it on the ANE: the classifier at `head_on`, and the
     SwiGLU backward on the device for the Llama family, RoPE inside the attention kernels for
-    rotary families (train/steps/llama.py), and the activations' clamp to fp16's range inside
-    their conversion (`KernelBank.run`), so no clamping pass."""
+    rotary families (train/steps/llama.py), the attention probabilities carried from the forward
+    to the backward where the host can keep them, and the activations' clamp to fp16's range
+    inside their conversion (`KernelBank.run`), so no clamping pass."""
     from ..kernels.families import family_for
+    from ..kernels.training import carry_fits
 
     family = family_for(config.get("model_type", "llama"))
     swiglu = family.gated and family.activation == "silu"  # as train/steps/llama.py decides it
-    return StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=swiglu,
+    spec = StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=swiglu,
                     dw_overlaps_forward=swiglu, embed_on=embed_on, head_ahead=True, rope_on_device=family.rotary,
                     clamp_inputs=False)
+    return replace(spec, carry_probs=carry_fits(spec.dims, config["num_hidden_layers"]))
 
 
 def _params(c: dict) -> int:

@@ -3,14 +3,14 @@
 Per layer (the split of maderix/ANE's dynamic pipeline, with HF semantics):
 
     forward   qkv        xn                  -> q, k, v        (linear, weights Wqᵀ Wkᵀ Wvᵀ)
-              sdpa_fwd   qr, kr, v           -> attn           (causal attention, no weights)
+              sdpa_fwd   qr, kr, v           -> attn (, probs) (causal attention, no weights)
               wo         attn                -> o              (Woᵀ)
               ffn_up     x2n                 -> gate, h1, h3   (W1ᵀ W3ᵀ, gate = act(h1)·h3)
               ffn_down   gate                -> f              (W2ᵀ)
     backward  ffn_down_dx dy                 -> dgate          (W2)
               ffn_up_dx  dh1, dh3            -> dx             (W1, W3: W1ᵀdh1 + W3ᵀdh3)
               wo_dx      dx2                 -> dattn          (Wo)
-              sdpa_bwd   qr, kr, v, dattn    -> dq, dk, dv     (recomputes the probabilities)
+              sdpa_bwd   qr, kr, v, dattn    -> dq, dk, dv     (and probs, or recomputes them)
               qkv_dx     dq, dk, dv          -> dx             (Wq, Wk, Wv)
 
 q and k come rotated by RoPE on the CPU (qr, kr); with `Dims.rope` they come as they are and both
@@ -32,8 +32,8 @@ from . import training_attn
 from .families import Family
 # the layouts' names, re-exported: a kernel and its layout are used together
 from .training_layout import (BACKWARD, FORWARD, GRADIENT_INPUTS, KINDS, LORA_INPUT, MASK_INPUT, ROLES,  # noqa: F401
-                              WEIGHTED, WEIGHTLESS, Dims, LoraLayout, Packed, a_key, b_key, drop_key,
-                              kernel_roles, layouts, mask_key)
+                              WEIGHTED, WEIGHTLESS, Dims, LoraLayout, Packed, a_key, b_key, carry_fits,
+                              drop_key, kernel_roles, layouts, mask_key)
 
 
 def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int, family: Family,

@@ -20,8 +20,11 @@ The sums over a KV head's G query heads are the contraction of one matmul each (
 dO and Q as `[hd, G·S_q]`, P and dS as `[G·S_q, S_k]`), not a reduction after G matmuls: the
 device's reductions run on its slow vector path, its matmuls on the fast one. For the same
 reason rowsum(P ∘ dP) is a matmul by a column of ones.
-P is recomputed from q and k rather than carried over from the forward: it is S² per head,
-far larger than q and k, and recomputing costs one matmul and a softmax.
+With `Dims.carry_probs` the forward also returns P and the backward takes it as an input
+`probs` `[Hq·S_q, 1, S_k]`; else the backward recomputes it from q and k. P is S² per head, far
+larger than q and k, but recomputing costs a matmul and a softmax on the device's slow vector
+path, more than P's way through the host at S 256 (the trainer carries it while the host can
+keep it: `training_layout.carry_fits`).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def _probs(k, qh: Value, kh: Value) -> Value:
         mask = b.reshape(k.act("mask"), [1, 1, m.s, m.s], name="mask")  # [1, S_q, 1, S_k] -> [1, 1, S_q, S_k]
     else:
         mask = b.const(causal_mask(m.s, window=m.window), name="mask", dtype="fp16", blob=True)  # [1, 1, S, S]
-    return b.softmax(b.add(scaled, mask, name="masked"), axis=-1, name="probs")
+    return b.softmax(b.add(scaled, mask, name="masked"), axis=-1, name="softmax")
 
 
 def _flat(k, x: Value, channels: int, name: str) -> Value:
@@ -89,7 +92,10 @@ def sdpa_fwd(k) -> dict[str, Value]:
     qh, kh, vh = _rotated(k, "qr", g, rope), _rotated(k, "kr", 1, rope), _heads(k, "v", 1)
     p = _probs(k, qh, kh)
     ot = b.matmul(vh, p, transpose_y=True, name="pv")                  # [Hkv, G, hd, S_q]
-    return {"attn": _flat(k, ot, m.q, "attn_out")}
+    out = {"attn": _flat(k, ot, m.q, "attn_out")}
+    if m.carry_probs:
+        out["probs"] = b.reshape(p, [1, m.hq * m.s, 1, m.s], name="probs_out")
+    return out
 
 
 def sdpa_bwd(k) -> dict[str, Value]:
@@ -98,7 +104,7 @@ def sdpa_bwd(k) -> dict[str, Value]:
     rope = _rope(k)
     qh, kh, vh = _rotated(k, "qr", g, rope), _rotated(k, "kr", 1, rope), _heads(k, "v", 1)
     do = _heads(k, "dattn", g)                                         # [Hkv, G, hd, S_q]
-    p = _probs(k, qh, kh)
+    p = b.reshape(k.act("probs"), [m.hkv, g, m.s, m.s], name="probs_h") if m.carry_probs else _probs(k, qh, kh)
     dp = b.matmul(do, vh, transpose_x=True, name="dp")                 # [Hkv, G, S_q, S_k]
     dv = _grouped(k, do, p, "dv_sum")                                  # [Hkv, 1, hd, S_k]
     ones = b.const(np.ones((m.hkv, g, m.s, 1)), name="ones_k", dtype="fp16", blob=True)

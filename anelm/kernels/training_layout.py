@@ -70,6 +70,9 @@ class Dims:
     # backward on the device (gated SiLU only), so dgate never crosses to the CPU and back
     swiglu_dx: bool = False
     rope: bool = False  # RoPE inside the attention kernels (training_attn), on the tables in `rope`
+    # sdpa_fwd also returns the probabilities `probs` `[Hq·S_q, S_k]` and sdpa_bwd takes them
+    # rather than recomputing them (training_attn: a softmax on the slow vector path)
+    carry_probs: bool = False
 
     @property
     def q(self) -> int:
@@ -154,6 +157,17 @@ LORA_INPUT = "lora"  # the r-channel input of the second factors (binds in alpha
 MASK_INPUT = "lora_mask"  # dx kernels with dropout: one mask block per adapter (binds after `lora`)
 
 
+# sdpa_fwd's probabilities carried to sdpa_bwd are Hq·S² per layer and sequence, kept on the host
+# in float32 from a layer's forward to its backward: carried while one sequence's, all layers,
+# take at most this (Qwen3-0.6B at S 256: 112 MB; at 512, 451 MB: recomputed)
+CARRY_BYTES = 256 << 20
+
+
+def carry_fits(m: Dims, layers: int) -> bool:
+    """Whether the trainer carries the probabilities (`Dims.carry_probs`) at these sizes."""
+    return 4 * m.hq * m.s * m.s * layers <= CARRY_BYTES
+
+
 def layouts(m: Dims, lora: LoraLayout | None = None) -> dict[str, dict[str, Packed]]:
     """Every kernel's inputs by MIL name (alphabetical, as they bind), with `lora`'s blocks."""
     base = _plain_layouts(m)
@@ -214,8 +228,9 @@ def _plain_layouts(m: Dims) -> dict[str, dict[str, Packed]]:
         "qkv_dx": {"dkv_w": Packed(KV, ("dk", "dv"), (("wk", D), ("wv", D))),
                    "dq_w": Packed(Q, ("dq",), (("wq", D),))},
         "sdpa_fwd": {"k": Packed(KV, ("kr",)), "q": Packed(Q, ("qr",)), "v": Packed(KV, ("v",)), **mask, **rope},
-        "sdpa_bwd": {"da": Packed(Q, ("dattn",)), "k": Packed(KV, ("kr",)),
-                     "q": Packed(Q, ("qr",)), "v": Packed(KV, ("v",)), **mask, **rope},
+        "sdpa_bwd": {"da": Packed(Q, ("dattn",)), "k": Packed(KV, ("kr",)), "q": Packed(Q, ("qr",)),
+                     "v": Packed(KV, ("v",)), **rope,
+                     **({"probs": Packed(m.hq * m.s, ("probs",))} if m.carry_probs else mask)},
     }
 
 

@@ -154,6 +154,22 @@ def test_sdpa_bwd_matches_numpy():
         assert rel_err(got[name], ref[name]) <= 1e-2, (name, rel_err(got[name], ref[name]))
 
 
+def test_sdpa_carrying_the_probabilities_gives_the_recomputed_gradients_bit_for_bit():
+    """`Dims.carry_probs`: sdpa_fwd returns P `[Hq·S_q, S_k]` (numpy's softmax within 1e-2), and
+    sdpa_bwd given it returns exactly what it returns recomputing P from q and k: the forward's
+    P is the fp16 tensor the backward would compute."""
+    m = Dims(**{**M.__dict__, "carry_probs": True})
+    q, k, v, da = qkv_inputs(10)
+    ins = {"q": q[None, :, None], "k": k[None, :, None], "v": v[None, :, None]}
+    fwd = run(build_graph("sdpa_fwd", m), ins)
+    assert rel_err(fwd["attn"], run(build_graph("sdpa_fwd", M), ins)["attn"]) == 0
+    assert rel_err(fwd["probs"], np.concatenate(attention_ref(q, k, v)[1])) <= 1e-2
+    carried = run(build_graph("sdpa_bwd", m), {**ins, "da": da[None, :, None], "probs": fwd["probs"][None, :, None]})
+    recomputed = run(build_graph("sdpa_bwd", M), {**ins, "da": da[None, :, None]})
+    for name in ("dq", "dk", "dv"):
+        assert np.array_equal(carried[name], recomputed[name]), name
+
+
 def test_flops_count_the_matmuls():
     # qkv is three projections and nothing else: 2·S·D·(Q + 2·KV)
     assert graph_flops(build_graph("qkv", M)) == 2 * M.s * M.d * (M.q + 2 * M.kv)

@@ -115,6 +115,21 @@ def test_loss_and_every_gradient_match_autograd(arch, pipeline, rope_on_device):
     assert all(stats[k] >= 0 for k in ("t_device", "t_cpu", "t_dw"))
 
 
+@pytest.mark.parametrize("arch", ["gqa-untied", "qwen3"])
+def test_carrying_the_probabilities_changes_no_result(arch):
+    """sdpa_bwd given the forward's probabilities (`carry_probs`, the default at these sizes)
+    against it recomputing them: the same loss and gradients, bit for bit, over B sequences."""
+    cfg, w, x, y, *_ = reference(arch)
+    got = {}
+    for carry in (True, False):
+        with DeviceTrainStep(cfg, w, Emulator(PROFILE), seq_len=S, carry_probs=carry) as step:
+            assert step.kernel_dims.carry_probs == carry
+            got[carry] = step.loss_and_grads(x, y, loss_scale=SCALE)[:2]
+    assert got[True][0] == got[False][0]
+    for name, g in got[False][1].items():
+        assert np.array_equal(got[True][1][name], g), name
+
+
 def perturbed(arch):
     rng = np.random.default_rng(5)
     return {n: (w + 0.05 * rng.standard_normal(w.shape)).astype(np.float32)

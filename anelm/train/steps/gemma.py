@@ -88,7 +88,7 @@ class GemmaTrainStep(DeviceTrainStep):
         q, c["rq"] = ops.head_rmsnorm_fwd(c["q0"], self._gain(i, "q_norm"), eps)
         k, c["rk"] = ops.head_rmsnorm_fwd(c["k0"], self._gain(i, "k_norm"), eps)
         c["att"] = self._attention_inputs(i, q, k)
-        c["attn"] = self._dev("sdpa_fwd", i, **c["att"], v=c["v"])["attn"]
+        c["attn"] = self._attend(i, c)
         c["o"] = self._dev("wo", i, attn=c["attn"])["o"]
         on, c["ro"] = self._norm(c["o"], i, "attn_post_norm")
         c["x2"] = x + on
@@ -117,7 +117,7 @@ class GemmaTrainStep(DeviceTrainStep):
         do, grads[name("attn_post_norm")] = ops.rmsnorm_bwd(dx2, c["o"], gain("attn_post_norm"), c["ro"])
         self._dw(jobs, name("o"), do, c["attn"])
         dattn = self._dev("wo_dx", i, dx2=do)["dattn"]
-        g = self._dev("sdpa_bwd", i, **c["att"], v=c["v"], dattn=dattn)
+        g = self._attend_bwd(i, c, dattn)
         dq, dk = self._unrotated(i, g)
         dq, grads[name("q_norm")] = ops.head_rmsnorm_bwd(dq, c["q0"], gain("q_norm"), c["rq"])
         dk, grads[name("k_norm")] = ops.head_rmsnorm_bwd(dk, c["k0"], gain("k_norm"), c["rk"])

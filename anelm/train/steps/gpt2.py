@@ -80,8 +80,9 @@ class GPT2TrainStep(DeviceTrainStep):
         xn, c["ln1"] = ops.layernorm_fwd(x, p("attn_norm"), p("attn_norm", "bias"), eps)
         c["xn"] = xn
         qkv, (bq, bk, bv) = self._dev("qkv", i, xn=c["xn"]), np.split(p("qkv", "bias"), 3)
-        c["qr"], c["kr"], c["v"] = (qkv[n] + b[:, None] for n, b in (("q", bq), ("k", bk), ("v", bv)))
-        c["attn"] = self._dev("sdpa_fwd", i, qr=c["qr"], kr=c["kr"], v=c["v"])["attn"]
+        q, k, c["v"] = (qkv[n] + b[:, None] for n, b in (("q", bq), ("k", bk), ("v", bv)))
+        c["att"] = {"qr": q, "kr": k}  # no RoPE: the attention kernels take q and k as they are
+        c["attn"] = self._attend(i, c)
         c["x2"] = x + self._dev("wo", i, attn=c["attn"])["o"] + p("o", "bias")[:, None]
         x2n, c["ln2"] = ops.layernorm_fwd(c["x2"], p("mlp_norm"), p("mlp_norm", "bias"), eps)
         c["x2n"] = x2n
@@ -115,7 +116,7 @@ class GPT2TrainStep(DeviceTrainStep):
         grads[name("o", "bias")] = dx2.sum(axis=1)
         self._dw(jobs, name("o"), dx2, c["attn"])
         dattn = self._dev("wo_dx", i, dx2=dx2)["dattn"]
-        g = self._dev("sdpa_bwd", i, qr=c["qr"], kr=c["kr"], v=c["v"], dattn=dattn)
+        g = self._attend_bwd(i, c, dattn)
         dqkv = np.concatenate([g["dq"], g["dk"], g["dv"]])  # [3D, N]: c_attn's output rows
         grads[name("qkv", "bias")] = dqkv.sum(axis=1)
         self._dw(jobs, name("qkv"), dqkv, c["xn"])

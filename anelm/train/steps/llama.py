@@ -41,7 +41,7 @@ import numpy as np
 from ...chip.profile import padded_width
 from ...errors import ShapeError, UsageError
 from ...kernels.families import family_for
-from ...kernels.training import WEIGHTLESS, Dims
+from ...kernels.training import WEIGHTLESS, Dims, carry_fits
 from ...models.config import LlamaConfig
 from ...models.names import has_head_norms, layer_prefix, model_weight, weight_name
 from ...runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
@@ -65,7 +65,8 @@ class DeviceTrainStep(StepPositions, StepHead):
 
     def __init__(self, config, weights: dict[str, np.ndarray], device, *, seq_len: int,
                  pipeline: str = "dynamic", lora=None, packed: bool = False, head_on: str = "cpu",
-                 swiglu_on_device: bool | None = None, embed_on: str = "cpu", rope_on_device: bool | None = None):
+                 swiglu_on_device: bool | None = None, embed_on: str = "cpu", rope_on_device: bool | None = None,
+                 carry_probs: bool | None = None):
         self._check_config(config)
         if pipeline not in PIPELINES:
             raise UsageError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
@@ -87,9 +88,14 @@ class DeviceTrainStep(StepPositions, StepHead):
         # device is the ANE (on the emulator both are fp16 passes on the host, as the CPU's are)
         rope = (getattr(device, "name", None) == "ane" if rope_on_device is None else rope_on_device) and \
             family_for(config.model_type).rotary
-        self.kernel_dims = replace(self.dims, s=padded_width(seq_len, multiple), width_multiple=multiple,
-                                   mask_input=self.packed, swiglu_dx=swiglu_dx, rope=bool(rope))
         self.n_layers = config.num_hidden_layers
+        width = padded_width(seq_len, multiple)
+        # sdpa_fwd hands its probabilities to sdpa_bwd (`Dims.carry_probs`), which then skips
+        # their recomputation (softmax on the ANE's slow vector path; on the emulator 3-4x the
+        # backward's time), where the host can keep them (`carry_fits`)
+        carry = carry_fits(replace(self.dims, s=width), self.n_layers) if carry_probs is None else carry_probs
+        self.kernel_dims = replace(self.dims, s=width, width_multiple=multiple, mask_input=self.packed,
+                                   swiglu_dx=swiglu_dx, rope=bool(rope), carry_probs=bool(carry))
         self.qk_norm = has_head_norms(config.model_type)
         self.embed, self.final_norm, self.head = (model_weight(config.model_type, r)
                                                   for r in ("embed", "final_norm", "head"))
@@ -276,6 +282,19 @@ class DeviceTrainStep(StepPositions, StepHead):
         self._t["device"] += time.perf_counter() - t0
         return out
 
+    def _attend(self, i: int, c: dict) -> np.ndarray:
+        """Layer i's attention output from its cache's q, k (`c["att"]`) and v; the probabilities
+        stay in the cache for the backward where the kernels carry them."""
+        out = self._dev("sdpa_fwd", i, **c["att"], v=c["v"])
+        if "probs" in out:
+            c["probs"] = out["probs"]
+        return out["attn"]
+
+    def _attend_bwd(self, i: int, c: dict, dattn: np.ndarray) -> dict[str, np.ndarray]:
+        """sdpa_bwd of layer i: dq, dk, dv (before the CPU's inverse RoPE, if it rotates)."""
+        carried = {"probs": c["probs"]} if "probs" in c else {}
+        return self._dev("sdpa_bwd", i, **c["att"], v=c["v"], dattn=dattn, **carried)
+
     def _keep(self, name: str) -> bool:
         """Whether gradient `name` is returned: every weight's here (LoRA keeps its adapters')."""
         return True
@@ -330,7 +349,7 @@ class DeviceTrainStep(StepPositions, StepHead):
             q, c["rq"] = ops.head_rmsnorm_fwd(q, self._w(i, "q_norm"), eps)
             k, c["rk"] = ops.head_rmsnorm_fwd(k, self._w(i, "k_norm"), eps)
         c["att"] = self._attention_inputs(i, q, k)
-        c["attn"] = self._dev("sdpa_fwd", i, **c["att"], v=c["v"])["attn"]
+        c["attn"] = self._attend(i, c)
         c["x2"] = x + self._bias(i, "o", self._dev("wo", i, attn=c["attn"])["o"])
         x2n, c["r2"] = ops.rmsnorm_fwd(c["x2"], self._w(i, "mlp_norm"), eps)
         c["x2n"] = x2n
@@ -355,7 +374,7 @@ class DeviceTrainStep(StepPositions, StepHead):
         self._dw(jobs, name("o"), dx2, c["attn"])
         self._bias_grad(grads, i, "o", dx2)
         dattn = self._dev("wo_dx", i, dx2=dx2)["dattn"]
-        g = self._dev("sdpa_bwd", i, **c["att"], v=c["v"], dattn=dattn)
+        g = self._attend_bwd(i, c, dattn)
         dq, dk = self._unrotated(i, g)
         if self.qk_norm:
             dq, grads[name("q_norm")] = ops.head_rmsnorm_bwd(
