@@ -105,13 +105,13 @@ class StepKernel:
 
 
 def train_kernels(dims, pipeline: str) -> list[StepKernel]:
-    """The ten kernels of one layer (anelm/kernels/training.py) for `pipeline`, compiled."""
-    from ..kernels.training import FORWARD, KINDS, ROLES, WEIGHTED, build_graph, layouts
+    """The kernels of one layer (anelm/kernels/training.py) for `pipeline`, compiled."""
+    from ..kernels.training import FORWARD, ROLES, WEIGHTLESS, build_graph, layouts, weighted_kinds
 
     out = []
-    for kind in KINDS:
+    for kind in weighted_kinds(dims) + WEIGHTLESS:
         def build(kind=kind):
-            if pipeline == "static" and kind in WEIGHTED:
+            if pipeline == "static" and kind in ROLES:
                 shapes = {r: pk_w for pk in layouts(dims)[kind].values() for r, pk_w in pk.weights}
                 mats = {r: np.zeros((_rows(dims, kind, r), shapes[r]), np.float32) for r in ROLES[kind]}
                 return build_graph(kind, dims, mats)

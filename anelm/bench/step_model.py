@@ -102,6 +102,9 @@ class StepSpec:
     # sdpa_bwd takes the forward's probabilities rather than recomputing them (`Dims.carry_probs`),
     # as the trainer does where the host can keep them (`kernels.training.carry_fits`)
     carry_probs: bool = False
+    # with the SwiGLU backward on the device, ffn_down_dx and ffn_up_dx as one kernel
+    # (`Dims.ffn_dx`), as the trainer runs them but for LoRA
+    ffn_dx: bool = False
 
     @property
     def dims(self):
@@ -111,13 +114,14 @@ class StepSpec:
         hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         return Dims(c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
                     c.get("num_key_value_heads") or c["num_attention_heads"], hd, self.seq_len,
-                    swiglu_dx=self.swiglu_on_device, rope=self.rope_on_device, carry_probs=self.carry_probs)
+                    swiglu_dx=self.swiglu_on_device, rope=self.rope_on_device, carry_probs=self.carry_probs,
+                    ffn_dx=self.ffn_dx and self.swiglu_on_device)
 
 
 def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str, head_on: str,
                embed_on: str = "cpu") -> StepSpec:
     """anelm's own step as the trainer runs it on the ANE: the classifier at `head_on`, and the
-    SwiGLU backward on the device for the Llama family, RoPE inside the attention kernels for
+    SwiGLU backward on the device for the Llama family (in one kernel with ffn_up_dx), RoPE inside the attention kernels for
     rotary families (train/steps/llama.py), the attention probabilities carried from the forward
     to the backward where the host can keep them, and the activations' clamp to fp16's range
     inside their conversion (`KernelBank.run`), so no clamping pass."""
@@ -128,7 +132,7 @@ def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str
     swiglu = family.gated and family.activation == "silu"  # as train/steps/llama.py decides it
     spec = StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=swiglu,
                     dw_overlaps_forward=swiglu, embed_on=embed_on, head_ahead=True, rope_on_device=family.rotary,
-                    clamp_inputs=False)
+                    clamp_inputs=False, ffn_dx=swiglu)
     return replace(spec, carry_probs=carry_fits(spec.dims, config["num_hidden_layers"]))
 
 

@@ -9,6 +9,7 @@ Per layer (the split of maderix/ANE's dynamic pipeline, with HF semantics):
               ffn_down   gate                -> f              (W2ᵀ)
     backward  ffn_down_dx dy                 -> dgate          (W2)
               ffn_up_dx  dh1, dh3            -> dx             (W1, W3: W1ᵀdh1 + W3ᵀdh3)
+              (or both as ffn_dx: dy, h1, h3 -> dh1, dh3, dx, with `Dims.ffn_dx`)
               wo_dx      dx2                 -> dattn          (Wo)
               sdpa_bwd   qr, kr, v, dattn    -> dq, dk, dv     (and probs, or recomputes them)
               qkv_dx     dq, dk, dv          -> dx             (Wq, Wk, Wv)
@@ -31,9 +32,9 @@ from ..ir.graph import Graph, Value
 from . import training_attn
 from .families import Family
 # the layouts' names, re-exported: a kernel and its layout are used together
-from .training_layout import (BACKWARD, FORWARD, GRADIENT_INPUTS, KINDS, LORA_INPUT, MASK_INPUT, ROLES,  # noqa: F401
-                              WEIGHTED, WEIGHTLESS, Dims, LoraLayout, Packed, a_key, b_key, carry_fits,
-                              drop_key, kernel_roles, layouts, mask_key)
+from .training_layout import (BACKWARD, FFN_DX, FORWARD, GRADIENT_INPUTS, KINDS, LORA_INPUT,  # noqa: F401
+                              MASK_INPUT, ROLES, WEIGHTED, WEIGHTLESS, Dims, LoraLayout, Packed, a_key, b_key,
+                              carry_fits, drop_key, kernel_roles, layouts, mask_key, weighted_kinds)
 
 
 def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int, family: Family,
@@ -88,9 +89,11 @@ class KernelContext:
             self._acts[name] = self._slice(name, f"{name}_in")
         return self._acts[name]
 
-    def lin(self, act: str, role: str) -> Value:
-        """y `[1, OC, 1, S]` = Mᵀ·act for the weight block `role`, plus its adapter term."""
-        x = self.act(act)
+    def lin(self, act: str | Value, role: str) -> Value:
+        """y `[1, OC, 1, S]` = Mᵀ·act for the weight block `role`, plus its adapter term; `act`
+        an input activation's name, or a value the kernel computed."""
+        x = self.act(act) if isinstance(act, str) else act
+        act = act if isinstance(act, str) else act.name
         if self.mats is not None:  # static: Mᵀ `[OC, C]` as a 1×1 conv weight
             y = self.b.linear(x, np.ascontiguousarray(self.mats[role].T), name=f"{role}_{act}")
         else:
@@ -166,6 +169,12 @@ def _ffn_up_dx(k: KernelContext) -> dict[str, Value]:
     return {"dx": k.b.add(k.lin("dh1", "w1"), k.lin("dh3", "w3"), name="dx_sum")}
 
 
+def _ffn_dx(k: KernelContext) -> dict[str, Value]:
+    """ffn_down_dx then ffn_up_dx in one kernel (`Dims.ffn_dx`, the SwiGLU backward inside)."""
+    d = _ffn_down_dx(k)
+    return {**d, "dx": k.b.add(k.lin(d["dh1"], "w1"), k.lin(d["dh3"], "w3"), name="dx_sum")}
+
+
 def _wo_dx(k: KernelContext) -> dict[str, Value]:
     return {"dattn": k.lin("dx2", "wo")}
 
@@ -177,7 +186,7 @@ def _qkv_dx(k: KernelContext) -> dict[str, Value]:
 
 
 _BODY = {"qkv": _qkv, "wo": _wo, "ffn_up": _ffn_up, "ffn_down": _ffn_down,
-         "ffn_down_dx": _ffn_down_dx, "ffn_up_dx": _ffn_up_dx, "wo_dx": _wo_dx, "qkv_dx": _qkv_dx,
+         "ffn_down_dx": _ffn_down_dx, "ffn_up_dx": _ffn_up_dx, "wo_dx": _wo_dx, "qkv_dx": _qkv_dx, FFN_DX: _ffn_dx,
          "sdpa_fwd": training_attn.sdpa_fwd, "sdpa_bwd": training_attn.sdpa_bwd}
 
 
@@ -186,10 +195,12 @@ def build_graph(kind: str, m: Dims, mats: dict[str, np.ndarray] | None = None,
     """Kernel `kind` as a graph: dynamic (weights in the inputs) unless `mats` bakes them;
     with `lora`, the adapter blocks as inputs (module doc)."""
     if kind not in _BODY:
-        raise ShapeError(f"unknown training kernel {kind!r}; expected one of {', '.join(KINDS)}")
+        raise ShapeError(f"unknown training kernel {kind!r}; expected one of {', '.join(KINDS + (FFN_DX,))}")
     if mats is not None and set(mats) != set(kernel_roles(kind, m)):
         raise ShapeError(f"kernel {kind}: expected weights {sorted(kernel_roles(kind, m))}, got {sorted(mats)}")
-    ctx = KernelContext(kind, m, mats if kind in WEIGHTED else None, lora)
+    if kind == FFN_DX and not (m.ffn_dx and m.swiglu_dx):
+        raise ShapeError(f"kernel {FFN_DX} needs Dims.ffn_dx and Dims.swiglu_dx")
+    ctx = KernelContext(kind, m, mats if kind in ROLES else None, lora)
     outs = _BODY[kind](ctx)
     for name in sorted(outs):  # alphabetical: the strict binding order, so no renames
         ctx.b.output(name, outs[name])

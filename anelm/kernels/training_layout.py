@@ -38,12 +38,15 @@ BACKWARD = ("ffn_down_dx", "ffn_up_dx", "wo_dx", "qkv_dx")  # stage W
 WEIGHTED = FORWARD + BACKWARD
 WEIGHTLESS = ("sdpa_fwd", "sdpa_bwd")
 KINDS = WEIGHTED + WEIGHTLESS
+# ffn_down_dx and ffn_up_dx as one kernel (`Dims.ffn_dx`): dh1 and dh3 go straight on to W1ᵀ, W3ᵀ
+FFN_DX = "ffn_dx"
 # the gradients each backward kernel takes (the rest of its activations are the forward's)
 GRADIENT_INPUTS = {"ffn_down_dx": ("dy",), "ffn_up_dx": ("dh1", "dh3"), "wo_dx": ("dx2",),
-                   "qkv_dx": ("dq", "dk", "dv"), "sdpa_bwd": ("dattn",)}
+                   "qkv_dx": ("dq", "dk", "dv"), "sdpa_bwd": ("dattn",), FFN_DX: ("dy",)}
 # the weight blocks of each kernel's layout (below), without their sizes
 ROLES = {"qkv": ("wq", "wk", "wv"), "wo": ("wo",), "ffn_up": ("w1", "w3"), "ffn_down": ("w2",),
-         "ffn_down_dx": ("w2",), "ffn_up_dx": ("w1", "w3"), "wo_dx": ("wo",), "qkv_dx": ("wk", "wv", "wq")}
+         "ffn_down_dx": ("w2",), "ffn_up_dx": ("w1", "w3"), "wo_dx": ("wo",), "qkv_dx": ("wk", "wv", "wq"),
+         FFN_DX: ("w2", "w1", "w3")}
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ class Dims:
     # sdpa_fwd also returns the probabilities `probs` `[Hq·S_q, S_k]` and sdpa_bwd takes them
     # rather than recomputing them (training_attn: a softmax on the slow vector path)
     carry_probs: bool = False
+    # with `swiglu_dx`, ffn_down_dx and ffn_up_dx run as one kernel `ffn_dx` (dy, h1, h3 -> dh1,
+    # dh3, dx): dh1 and dh3 cross to the CPU (for dW) but not back, and one dispatch is saved
+    ffn_dx: bool = False
 
     @property
     def q(self) -> int:
@@ -168,6 +174,13 @@ def carry_fits(m: Dims, layers: int) -> bool:
     return 4 * m.hq * m.s * m.s * layers <= CARRY_BYTES
 
 
+def weighted_kinds(m: Dims) -> tuple[str, ...]:
+    """The weighted kernels a step with these sizes runs, forward ones first."""
+    if not m.ffn_dx:
+        return WEIGHTED
+    return FORWARD + tuple(FFN_DX if k == "ffn_down_dx" else k for k in BACKWARD if k != "ffn_up_dx")
+
+
 def layouts(m: Dims, lora: LoraLayout | None = None) -> dict[str, dict[str, Packed]]:
     """Every kernel's inputs by MIL name (alphabetical, as they bind), with `lora`'s blocks."""
     base = _plain_layouts(m)
@@ -223,6 +236,7 @@ def _plain_layouts(m: Dims) -> dict[str, dict[str, Packed]]:
         "ffn_down": {"x": Packed(F, ("gate",), (("w2", D),))},
         "ffn_down_dx": {"x": Packed(D, ("dy",), (("w2", F),)), **({"h": Packed(F, ("h1", "h3"))} if m.swiglu_dx else {})},
         "ffn_up_dx": {"x": Packed(F, ("dh1", "dh3"), (("w1", D), ("w3", D)))},
+        FFN_DX: {"h": Packed(F, ("h1", "h3"), (("w1", D), ("w3", D))), "x": Packed(D, ("dy",), (("w2", F),))},
         "wo_dx": {"x": Packed(D, ("dx2",), (("wo", Q),))},
         # two inputs: Wq has Q rows, Wk/Wv have KV rows (strict allows several, uniform sizes)
         "qkv_dx": {"dkv_w": Packed(KV, ("dk", "dv"), (("wk", D), ("wv", D))),

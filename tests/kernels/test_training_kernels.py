@@ -65,10 +65,10 @@ def random_case(kind, seed):
     return w, acts
 
 
-def pack(kind, w, acts, dynamic):
+def pack(kind, w, acts, dynamic, m=M):
     """Kernel inputs `[1, C, 1, W]`: activations, then (dynamic) M = Wᵀ forward or W for dx."""
     inputs = {}
-    for name, pk in layouts(M)[kind].items():
+    for name, pk in layouts(m)[kind].items():
         blocks = [acts[a] for a in pk.acts]
         if dynamic:
             blocks += [w[r].T if kind in FORWARD else w[r] for r, _ in pk.weights]
@@ -168,6 +168,32 @@ def test_sdpa_carrying_the_probabilities_gives_the_recomputed_gradients_bit_for_
     recomputed = run(build_graph("sdpa_bwd", M), {**ins, "da": da[None, :, None]})
     for name in ("dq", "dk", "dv"):
         assert np.array_equal(carried[name], recomputed[name]), name
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
+def test_the_fused_mlp_backward_is_its_two_kernels_bit_for_bit(dynamic):
+    """`Dims.ffn_dx`: ffn_dx (dy, h1, h3 -> dh1, dh3, dx) returns exactly what ffn_down_dx with the
+    SwiGLU backward inside and then ffn_up_dx on its dh1, dh3 return (the same fp16 dh1, dh3
+    meet the same matmuls), and dx within 1e-2 of numpy's."""
+    two = Dims(**{**M.__dict__, "swiglu_dx": True})
+    one = Dims(**{**two.__dict__, "ffn_dx": True})
+    w, acts = random_case("ffn_down_dx", seed=11)
+    acts.update({n: 3 * np.random.default_rng(12).standard_normal((M.f, M.s)) for n in ("h1", "h3")})
+
+    def mats(kind, m):
+        return None if dynamic else {r: w[r] for pk in layouts(m)[kind].values() for r, _ in pk.weights}
+
+    got = run(build_graph("ffn_dx", one, mats("ffn_dx", one)), pack("ffn_dx", w, acts, dynamic, one))
+    down = run(build_graph("ffn_down_dx", two, mats("ffn_down_dx", two)), pack("ffn_down_dx", w, acts, dynamic, two))
+    up = run(build_graph("ffn_up_dx", two, mats("ffn_up_dx", two)), pack("ffn_up_dx", w, down, dynamic, two))
+    assert sorted(got) == ["dh1", "dh3", "dx"]
+    for name, want in (("dh1", down["dh1"]), ("dh3", down["dh3"]), ("dx", up["dx"])):
+        assert np.array_equal(got[name], want), name
+    s1 = sig(acts["h1"])
+    dgate = w["w2"].T @ acts["dy"]
+    dh1 = dgate * acts["h3"] * s1 * (1 + acts["h1"] * (1 - s1))
+    dh3 = dgate * acts["h1"] * s1
+    assert rel_err(got["dx"], w["w1"].T @ dh1 + w["w3"].T @ dh3) <= 1e-2
 
 
 def test_flops_count_the_matmuls():

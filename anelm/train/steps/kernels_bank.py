@@ -26,14 +26,14 @@ from ...compiler.pipeline import compile_graph
 from ...errors import CompileError
 from ...fp16.grid import round_fp16
 from ...kernels.families import Family
-from ...kernels.training import (BACKWARD, GRADIENT_INPUTS, WEIGHTED, WEIGHTLESS, Dims, LoraLayout, adapter_mats,
-                                 build_graph, layer_mats, layouts)
+from ...kernels.training import (BACKWARD, FFN_DX, GRADIENT_INPUTS, WEIGHTLESS, Dims, LoraLayout, adapter_mats,
+                                 build_graph, layer_mats, layouts, weighted_kinds)
 from ...runtime.kernel import Kernel, Request
 
 # The backward kernels: their overflow is what dynamic loss scaling expects (the scaler skips
 # the step and lowers the scale), so it is not warned per kernel (fp16 overflow
 # warnings, docs/chip-profiles.md).
-DX_KINDS = frozenset(BACKWARD) | {"sdpa_bwd"}
+DX_KINDS = frozenset(BACKWARD) | {"sdpa_bwd", FFN_DX}
 
 
 class KernelBank:
@@ -132,7 +132,7 @@ class DynamicBank(KernelBank):
     def __init__(self, dims: Dims, device, weights: dict[str, np.ndarray], n_layers: int, family: Family,
                  lora: LoraLayout | None = None, windows: tuple[int | None, ...] | None = None):
         super().__init__(dims, device, n_layers, family, lora, windows)
-        for kind in WEIGHTED:
+        for kind in weighted_kinds(dims):
             kern = self._open(kind, build_graph(kind, dims, lora=lora))
             for layer in range(n_layers):
                 self._req[(kind, layer)] = kern.request()
@@ -144,7 +144,7 @@ class DynamicBank(KernelBank):
         # are rounded to fp16 once for both the forward (Wᵀ) and the dx (W) kernels.
         def stage(layer):
             rounded = _Rounded(weights)
-            for kind in WEIGHTED:
+            for kind in weighted_kinds(self.dims):
                 mats = layer_mats(kind, rounded, layer, self.family, self.dims)
                 self._stage(self._req[(kind, layer)], kind, mats, exact=True)
 

@@ -94,8 +94,11 @@ class DeviceTrainStep(StepPositions, StepHead):
         # their recomputation (softmax on the ANE's slow vector path; on the emulator 3-4x the
         # backward's time), where the host can keep them (`carry_fits`)
         carry = carry_fits(replace(self.dims, s=width), self.n_layers) if carry_probs is None else carry_probs
+        # with the SwiGLU backward inside, ffn_down_dx and ffn_up_dx as one kernel (`Dims.ffn_dx`;
+        # LoRA's adapter blocks keep the two)
         self.kernel_dims = replace(self.dims, s=width, width_multiple=multiple, mask_input=self.packed,
-                                   swiglu_dx=swiglu_dx, rope=bool(rope), carry_probs=bool(carry))
+                                   swiglu_dx=swiglu_dx, rope=bool(rope), carry_probs=bool(carry),
+                                   ffn_dx=bool(swiglu_dx) and lora is None)
         self.qk_norm = has_head_norms(config.model_type)
         self.embed, self.final_norm, self.head = (model_weight(config.model_type, r)
                                                   for r in ("embed", "final_norm", "head"))
@@ -359,7 +362,10 @@ class DeviceTrainStep(StepPositions, StepHead):
     # ------------------------------------------------------------------ backward
     def _layer_bwd(self, i: int, dy: np.ndarray, c: dict, grads: dict, jobs: dict) -> np.ndarray:
         name = functools.partial(self._name, i)
-        if self.kernel_dims.swiglu_dx:
+        if self.kernel_dims.ffn_dx:  # dh1, dh3 and their W1ᵀ, W3ᵀ products from one kernel
+            g = self._dev("ffn_dx", i, dy=dy, h1=c["h1"], h3=c["h3"])
+            dh1, dh3, dx2n = g["dh1"], g["dh3"], g["dx"]
+        elif self.kernel_dims.swiglu_dx:
             g = self._dev("ffn_down_dx", i, dy=dy, h1=c["h1"], h3=c["h3"])
             dh1, dh3 = g["dh1"], g["dh3"]
         else:
@@ -367,7 +373,8 @@ class DeviceTrainStep(StepPositions, StepHead):
         self._dw(jobs, name("down"), dy, c["gate"])
         self._dw(jobs, name("gate"), dh1, c["x2n"])
         self._dw(jobs, name("up"), dh3, c["x2n"])
-        dx2n = self._dev("ffn_up_dx", i, dh1=dh1, dh3=dh3)["dx"]
+        if not self.kernel_dims.ffn_dx:
+            dx2n = self._dev("ffn_up_dx", i, dh1=dh1, dh3=dh3)["dx"]
         dx2, grads[name("mlp_norm")] = ops.rmsnorm_bwd(
             dx2n, c["x2"], self._w(i, "mlp_norm"), c["r2"])
         dx2 = dx2 + dy

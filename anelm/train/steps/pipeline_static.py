@@ -28,7 +28,7 @@ import numpy as np
 from ...compiler.pipeline import compile_graph
 from ...errors import BlobError
 from ...kernels.families import Family
-from ...kernels.training import WEIGHTED, Dims, LoraLayout, build_graph, layer_mats
+from ...kernels.training import Dims, LoraLayout, build_graph, layer_mats, weighted_kinds
 from ...runtime.cache import ProgramCache
 from ...runtime.kernel import Kernel
 from .kernels_bank import KernelBank
@@ -41,9 +41,9 @@ class StaticBank(KernelBank):
                  lora: LoraLayout | None = None, windows: tuple[int | None, ...] | None = None):
         super().__init__(dims, device, n_layers, family, lora, windows)
         self.reload = bool(device.profile.reload_reads_new_weights)
-        self.compiles_per_update = 0 if self.reload else len(WEIGHTED) * n_layers
+        self.compiles_per_update = 0 if self.reload else len(weighted_kinds(dims)) * n_layers
         self._slots: dict[tuple[str, int], tuple[Kernel, ProgramCache]] = {}
-        for kind in WEIGHTED:
+        for kind in weighted_kinds(dims):
             for layer in range(n_layers):
                 self._compile(kind, layer, weights)
 
@@ -79,7 +79,7 @@ class StaticBank(KernelBank):
         self.device.load(kern.model)
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
-        for kind in WEIGHTED:
+        for kind in weighted_kinds(self.dims):
             for layer in range(self.n_layers):
                 (self._reload if self.reload else self._compile)(kind, layer, weights)
 
