@@ -9,7 +9,7 @@ of 2^bits − 1 midpoints and prefix sums' differences, for all tiles of a linea
 tile's values shifted into its own interval of one sorted array). Deterministic, no seed: the
 centroids start evenly spaced from the tile's least value to its largest (quantiles measured
 worse: they leave the outliers no entry). The tables are rounded to fp16; the indices are taken
-against those fp16 entries. Given ORDER_TOKENS calibration tokens or more, in GPTQ's order
+against those fp16 entries. lut4 given ORDER_TOKENS calibration tokens or more: in GPTQ's order
 (quant/gptq.py: input column by input column, each weight's error moved onto the columns still
 to come under its input's covariance), the moments then the diagonal of the same covariances;
 else each weight takes its nearest entry (`palettize`), the best for one weight alone.
@@ -36,11 +36,28 @@ per row and 192, then 64 inputs, the first whose perplexity there on the CPU ref
 within LIMIT (docs/quantization.md's lut4 bound) of the unquantized model's, else the lesser.
 Not 32: 16 fp16 entries per 32 weights make 1.5 bytes a weight, more than W8. Scored on the
 calibration text itself instead (256 tokens, all of which calibrate), the choice misleads:
-SmolLM2 there x1.244 at 192 inputs, which measures x1.048 on the next 128 tokens. Gemma 3 270M,
-its 255 Apache tokens after the first 256 scored: 64 inputs chosen on 512 calibration tokens
-(the 256 after the window added), x1.052 on the emulator, x1.052-1.054 on the float32 CPU for
-512 to 2068 (x1.035 with the first 256 alone: that text's luck); at 128 or 160, its linears'
-widths under 192, x1.098 on the emulator with the first 256.
+SmolLM2 there x1.244 at 192 inputs, which measures x1.048 on the next 128 tokens.
+
+GPTQ's order (quant/gptq.py) for lut4 from ORDER_TOKENS on. Gemma 3 270M, its 255 Apache tokens after the
+first 256 scored, 512 calibrating (the 256 after the window added): 64 inputs chosen (the
+held-out part x1.062 at 192, x0.992 at 64), x1.033 on the emulator and on the float32 CPU (x1.047
+at 192 there), folder 312.0 MB = 58 % of the fp16 weights; each weight's nearest entry, the
+same tables, x1.052 at 64 (x1.052-1.054 on the CPU for 512 to 2068 calibrating tokens) and
+x1.091 at 192. The held-out part calibrates too (the moments did already), so its figures
+flatter; left out of the covariances (384 tokens), it scores x1.153 / x1.058 and the window
+x1.093 / x1.043 at 192 / 64: fewer tokens cost more than the choice's bias, which here chooses
+the same. Tables refitted on the weights as the walk moves them (as GPTQ refits its groups'
+scales) flattered the held-out part more (x1.008 at 192, chosen; the window x1.058): kept as
+k-means made them. Fewer tokens make GPTQ worse than the nearest entry, the covariance having
+directions they never saw: SmolLM2, CPU, the 128 tokens above scored, the first 256 then the
+license after them calibrating, lut4 (192 inputs) / lut6, nearest against GPTQ's order:
+    256 tokens    x1.048 / x1.017   against   x1.187 / x1.029 (damped by 10 %, 100 %: x1.119 /
+                                                            x1.058, x1.094 / x1.022)
+    1024 tokens   x1.038 / x1.025   against   x1.040 / x1.050
+    2048 tokens   x1.040 / x1.030   against   x1.026 / x1.026
+`quantize` calibrates on 4096 tokens by default. lut6 (ORDERED) keeps the nearest entry: its
+tables of 64 entries per 16 whole rows gained nothing from the order but at 2048 tokens (above),
+and on Gemma 3 270M (512 tokens, CPU) it measured x1.070 against x1.056 for the nearest.
 """
 
 from __future__ import annotations
@@ -53,7 +70,7 @@ from ..models.formats.quantized import LutQuant, linear_names
 ITERATIONS = 40  # Lloyd steps at most: 300 measured no better (local optima, not unfinished runs)
 DEFAULTS = {4: (1, 192), 6: (16, 1 << 30)}  # bits -> (rows, most inputs) a table spans (module doc)
 CHOICES, LIMIT = (192, 64), 0.05  # lut4's tile inputs tried, coarsest first; its bound (module doc)
-ORDER_TOKENS = 128  # fewer calibration tokens: each weight's nearest entry, not GPTQ's order (module doc)
+ORDER_TOKENS, ORDERED = 512, (4,)  # GPTQ's order from this many calibration tokens, for these bits (module doc)
 
 
 def palettize(w: np.ndarray, bits: int, group: int, block: int, importance: np.ndarray | None = None) -> LutQuant:
@@ -119,12 +136,13 @@ def lut_tables(config, weights: dict[str, np.ndarray], bits: int, group: int, bl
                calib=None, seq: int = 512) -> dict[str, LutQuant]:
     """{linear: its LutQuant}: tables of `group` rows by up to `block` inputs (`tile_inputs`).
     Given calibration ids `calib`, the k-means counts each weight by its input's mean square
-    over them, and from ORDER_TOKENS on the indices follow GPTQ's order under the inputs'
-    covariance (quant/gptq.py), else each weight takes its nearest entry; without, unweighted."""
+    over them, and for lut4 from ORDER_TOKENS on the indices follow GPTQ's order under the
+    inputs' covariance (quant/gptq.py), else each weight takes its nearest entry; without
+    calibration, unweighted tables."""
     from .gptq import ordered_tables
 
     names = _checked(config, weights, bits, group)
-    if calib and len(calib) >= ORDER_TOKENS:
+    if bits in ORDERED and calib and len(calib) >= ORDER_TOKENS:
         return ordered_tables(config, weights, calib, seq, [(bits, group, block)])[0]
     moments = input_moments(config, weights, calib, seq) if calib else {}
     return {n: palettize(weights[n + ".weight"], bits, group, tile_inputs(weights[n + ".weight"].shape[1], block),
@@ -151,7 +169,7 @@ def choose_block(config, weights: dict[str, np.ndarray], group: int, ids, seq: i
     from .gptq import ordered_tables
     from .smooth import score
 
-    if _checked(config, weights, 4, group) and calib and len(calib) >= ORDER_TOKENS:
+    if _checked(config, weights, 4, group) and 4 in ORDERED and calib and len(calib) >= ORDER_TOKENS:
         built = dict(zip(CHOICES, ordered_tables(config, weights, calib, seq, [(4, group, b) for b in CHOICES])))
     else:
         built = {b: lut_tables(config, weights, 4, group, b, calib, seq) for b in CHOICES}
