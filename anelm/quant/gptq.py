@@ -8,14 +8,16 @@ divided by the Cholesky diagonal of H⁻¹, onto the columns still to come, whic
 correlations let absorb it. The lazy blocks of LAZY columns make that a GEMM per block; within
 a block the rows are one vector. H is damped by DAMP of its mean diagonal (GPTQ's 1 %); a dead
 input (H_jj = 0) gets H_jj = 1, so its column pushes and takes no error: its nearest entry.
+lut4 takes it from lut.ORDER_TOKENS calibration tokens on, lut6 never (lut.py's module doc has
+the measurements: fewer tokens and lut6's whole-row tables did worse than the nearest entry).
 
 The covariances come from the CPU reference over the calibration text, each linear's input as
 the kernels see it (`model.project`, as lut.input_moments), one H per distinct input: q, k and
 v share one, gate and up another, and their stacked rows are walked as one matrix. Layers are
 taken in chunks of about CHUNK_BYTES of H: each chunk's pass runs the model up to the chunk's
 last layer, the layers before it replaced by the stream the previous chunk saved, so the chunks
-together cost one pass and the peak memory is one chunk's (Gemma 3 270M: 870 MB of float64 H
-all at once). The tied head/embedding is no table (lut's linears are the layers' projections).
+together cost one pass and the peak memory is one chunk's (Gemma 3 270M's would be 870 MB of
+float64 H all at once, about 100 MB a chunk of two layers). The tied head/embedding is no table (lut's linears are the layers' projections).
 
 Cost, Gemma 3 270M, 512 calibrating tokens, one BLAS thread while another process held the
 second core: `build_folder` lut4 (both candidates built, each scored on the held-out part) 74 s,
