@@ -24,7 +24,8 @@ second core: `build_folder` lut4 (both candidates built, each scored on the held
 against 77 s with the nearest entries (the covariances' pass replaces the moments' one); per
 layer, the four H factored in 0.19 s, the walk 0.4 s a table size (gate and up stacked: 0.16 s).
 A walk column by column without the lazy blocks' GEMMs, a prototype, took 130-150 s a table
-size. OpenBLAS's threads under that load made the same work 1.5-2x slower.
+size. OpenBLAS's two threads under that load made the build 2x slower (162 s against 79 s
+with the nearest entries): they wait on each other in the factorizations' mid-sized GEMMs.
 """
 
 from __future__ import annotations
