@@ -241,8 +241,8 @@ def build_w4(out: Path, config, weights: dict, tok, block_size: int, source: Pat
 
 
 def build_lut(out: Path, config, weights: dict, tok, bits: int, calib, seq: int, group: int | None, block: int | None):
-    """LUT4/LUT6 (quant/lut.py): k-means tables counted by the calibration text's input moments,
-    indices in GPTQ's order under its inputs' covariance (quant/gptq.py)."""
+    """LUT4/LUT6 (quant/lut.py): k-means tables counted by the calibration text's input moments;
+    lut4's indices in GPTQ's order under its inputs' covariance (quant/gptq.py) from 512 tokens."""
     from ..train.export import _publish
     from .lut import DEFAULTS, choose_block, lut_tables
 

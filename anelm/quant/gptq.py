@@ -17,7 +17,8 @@ v share one, gate and up another, and their stacked rows are walked as one matri
 taken in chunks of about CHUNK_BYTES of H: each chunk's pass runs the model up to the chunk's
 last layer, the layers before it replaced by the stream the previous chunk saved, so the chunks
 together cost one pass and the peak memory is one chunk's (Gemma 3 270M's would be 870 MB of
-float64 H all at once, about 100 MB a chunk of two layers). The tied head/embedding is no table (lut's linears are the layers' projections).
+float64 H all at once, about 100 MB a chunk of two layers). The tied head/embedding is no table
+(lut's linears are the layers' projections).
 
 Cost, Gemma 3 270M, 512 calibrating tokens, one BLAS thread while another process held the
 second core: `build_folder` lut4 (both candidates built, each scored on the held-out part) 74 s,

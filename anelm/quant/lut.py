@@ -38,12 +38,12 @@ Not 32: 16 fp16 entries per 32 weights make 1.5 bytes a weight, more than W8. Sc
 calibration text itself instead (256 tokens, all of which calibrate), the choice misleads:
 SmolLM2 there x1.244 at 192 inputs, which measures x1.048 on the next 128 tokens.
 
-GPTQ's order (quant/gptq.py) for lut4 from ORDER_TOKENS on. Gemma 3 270M, its 255 Apache tokens after the
-first 256 scored, 512 calibrating (the 256 after the window added): 64 inputs chosen (the
-held-out part x1.062 at 192, x0.992 at 64), x1.033 on the emulator and on the float32 CPU (x1.047
-at 192 there), folder 312.0 MB = 58 % of the fp16 weights; each weight's nearest entry, the
-same tables, x1.052 at 64 (x1.052-1.054 on the CPU for 512 to 2068 calibrating tokens) and
-x1.091 at 192. The held-out part calibrates too (the moments did already), so its figures
+GPTQ's order (quant/gptq.py) for lut4 from ORDER_TOKENS on. Gemma 3 270M, its 255 Apache
+tokens after the first 256 scored, 512 calibrating (the 256 after the window added): 64 inputs
+chosen (the held-out part x1.062 at 192, x0.992 at 64), x1.033 on the emulator and on the
+float32 CPU (x1.047 at 192 there), folder 312.0 MB = 58 % of the fp16 weights; each weight's
+nearest entry, the same tables, x1.052 at 64 (x1.052-1.054 on the CPU for 512 to 2068
+calibrating tokens) and x1.091 at 192. The held-out part calibrates too (the moments did already), so its figures
 flatter; left out of the covariances (384 tokens), it scores x1.153 / x1.058 and the window
 x1.093 / x1.043 at 192 / 64: fewer tokens cost more than the choice's bias, which here chooses
 the same. Tables refitted on the weights as the walk moves them (as GPTQ refits its groups'
