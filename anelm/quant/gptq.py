@@ -21,8 +21,9 @@ float64 H all at once, about 100 MB a chunk of two layers). The tied head/embedd
 (lut's linears are the layers' projections).
 
 Cost, Gemma 3 270M, 512 calibrating tokens, one BLAS thread while another process held the
-second core: `build_folder` lut4 (both candidates built, each scored on the held-out part) 74 s,
-against 77 s with the nearest entries (the covariances' pass replaces the moments' one); per
+second core: `build_folder` lut4 (both candidates built, each scored on the held-out part)
+74-89 s in two runs, against 73-77 s with the nearest entries (the covariances' pass replaces
+the moments' one), peak memory 5.4 GB against 5.8 (the model's scoring sets it); per
 layer, the four H factored in 0.19 s, the walk 0.4 s a table size (gate and up stacked: 0.16 s).
 A walk column by column without the lazy blocks' GEMMs, a prototype, took 130-150 s a table
 size. OpenBLAS's two threads under that load made the build 2x slower (162 s against 79 s
