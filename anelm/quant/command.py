@@ -241,17 +241,18 @@ def build_w4(out: Path, config, weights: dict, tok, block_size: int, source: Pat
 
 
 def build_lut(out: Path, config, weights: dict, tok, bits: int, calib, seq: int, group: int | None, block: int | None):
-    """LUT4/LUT6 (quant/lut.py): k-means tables counted by the calibration text's input moments."""
+    """LUT4/LUT6 (quant/lut.py): k-means tables counted by the calibration text's input moments;
+    lut4's indices in GPTQ's order under its inputs' covariance (quant/gptq.py) from 512 tokens."""
     from ..train.export import _publish
-    from .lut import DEFAULTS, choose_block, input_moments, lut_tables
+    from .lut import DEFAULTS, choose_block, lut_tables
 
-    moments, tried = input_moments(config, weights, calib, seq), None
-    held = held_part(list(calib), getattr(config, "bos_token_id", None))[1]
+    tried, calib = None, list(calib or ())
+    held = held_part(calib, getattr(config, "bos_token_id", None))[1]
     if bits == 4 and block is None and held:  # tables chosen on held-out calibration text (quant/lut.py)
-        block, luts, tried = choose_block(config, weights, group or DEFAULTS[bits][0], held, seq, moments)
+        block, luts, tried = choose_block(config, weights, group or DEFAULTS[bits][0], held, seq, calib)
     group, block = group or DEFAULTS[bits][0], block or DEFAULTS[bits][1]
     if tried is None:
-        luts = lut_tables(config, weights, bits, group, block, moments)
+        luts = lut_tables(config, weights, bits, group, block, calib, seq)
     plan = QuantPlan(f"lut{bits}", {n: InputQuant() for n in luts}, config.model_type, luts)
     most = max(lq.block for lq in luts.values())
     cfg = {**config.to_dict(), "torch_dtype": "float32",

@@ -8,8 +8,11 @@ clusters are runs between the midpoints of neighbouring centroids, so an iterati
 of 2^bits − 1 midpoints and prefix sums' differences, for all tiles of a linear at once (each
 tile's values shifted into its own interval of one sorted array). Deterministic, no seed: the
 centroids start evenly spaced from the tile's least value to its largest (quantiles measured
-worse: they leave the outliers no entry). The tables are rounded to fp16 and each weight then
-takes the nearest fp16 entry, so the stored indices are the best for the stored table.
+worse: they leave the outliers no entry). The tables are rounded to fp16; the indices are taken
+against those fp16 entries. lut4 given ORDER_TOKENS calibration tokens or more: in GPTQ's order
+(quant/gptq.py: input column by input column, each weight's error moved onto the columns still
+to come under its input's covariance), the moments then the diagonal of the same covariances;
+else each weight takes its nearest entry (`palettize`), the best for one weight alone.
 
 Tables (`--group-size` rows by up to `--block-size` inputs; constexpr_lut_to_dense tiles both
 axes), chosen by measurement: SmolLM2-135M (Q4_1 GGUF), float32 CPU reference, 128 held-out
@@ -33,11 +36,28 @@ per row and 192, then 64 inputs, the first whose perplexity there on the CPU ref
 within LIMIT (docs/quantization.md's lut4 bound) of the unquantized model's, else the lesser.
 Not 32: 16 fp16 entries per 32 weights make 1.5 bytes a weight, more than W8. Scored on the
 calibration text itself instead (256 tokens, all of which calibrate), the choice misleads:
-SmolLM2 there x1.244 at 192 inputs, which measures x1.048 on the next 128 tokens. Gemma 3 270M,
-its 255 Apache tokens after the first 256 scored: 64 inputs chosen on 512 calibration tokens
-(the 256 after the window added), x1.052 on the emulator, x1.052-1.054 on the float32 CPU for
-512 to 2068 (x1.035 with the first 256 alone: that text's luck); at 128 or 160, its linears'
-widths under 192, x1.098 on the emulator with the first 256.
+SmolLM2 there x1.244 at 192 inputs, which measures x1.048 on the next 128 tokens.
+
+GPTQ's order (quant/gptq.py) for lut4 from ORDER_TOKENS on. Gemma 3 270M, its 255 Apache
+tokens after the first 256 scored, 512 calibrating (the 256 after the window added): 64 inputs
+chosen (the held-out part x1.062 at 192, x0.992 at 64), x1.033 on the emulator and on the
+float32 CPU (x1.047 at 192 there), folder 312.0 MB = 58 % of the fp16 weights; each weight's
+nearest entry, the same tables, x1.052 at 64 (x1.052-1.054 on the CPU for 512 to 2068
+calibrating tokens) and x1.091 at 192. The held-out part calibrates too (the moments did already), so its figures
+flatter; left out of the covariances (384 tokens), it scores x1.153 / x1.058 and the window
+x1.093 / x1.043 at 192 / 64: fewer tokens cost more than the choice's bias, which here chooses
+the same. Tables refitted on the weights as the walk moves them (as GPTQ refits its groups'
+scales) flattered the held-out part more (x1.008 at 192, chosen; the window x1.058): kept as
+k-means made them. Fewer tokens make GPTQ worse than the nearest entry, the covariance having
+directions they never saw: SmolLM2, CPU, the 128 tokens above scored, the first 256 then the
+license after them calibrating, lut4 (192 inputs) / lut6, nearest against GPTQ's order:
+    256 tokens    x1.048 / x1.017   against   x1.187 / x1.029 (damped by 10 %, 100 %: x1.119 /
+                                                            x1.058, x1.094 / x1.022)
+    1024 tokens   x1.038 / x1.025   against   x1.040 / x1.050
+    2048 tokens   x1.040 / x1.030   against   x1.026 / x1.026
+`quantize` calibrates on 4096 tokens by default. lut6 (ORDERED) keeps the nearest entry: its
+tables of 64 entries per 16 whole rows gained nothing from the order but at 2048 tokens (above),
+and on Gemma 3 270M (512 tokens, CPU) it measured x1.070 against x1.056 for the nearest.
 """
 
 from __future__ import annotations
@@ -50,11 +70,22 @@ from ..models.formats.quantized import LutQuant, linear_names
 ITERATIONS = 40  # Lloyd steps at most: 300 measured no better (local optima, not unfinished runs)
 DEFAULTS = {4: (1, 192), 6: (16, 1 << 30)}  # bits -> (rows, most inputs) a table spans (module doc)
 CHOICES, LIMIT = (192, 64), 0.05  # lut4's tile inputs tried, coarsest first; its bound (module doc)
+ORDER_TOKENS, ORDERED = 512, (4,)  # GPTQ's order from this many calibration tokens, for these bits (module doc)
 
 
 def palettize(w: np.ndarray, bits: int, group: int, block: int, importance: np.ndarray | None = None) -> LutQuant:
-    """w [out, in] -> its LutQuant: k-means of 2^bits centroids per tile of `group` rows by
-    `block` inputs, each weight counted by its input's `importance` [in] (its mean square)."""
+    """w [out, in] -> its LutQuant: `kmeans_tables`, each weight given its nearest entry."""
+    (out, inp), lut = w.shape, kmeans_tables(w, bits, group, block, importance)
+    x = np.asarray(w, np.float64).reshape(out // group, group, inp // block, block).transpose(0, 2, 1, 3)
+    idx = nearest(x.reshape(-1, group * block), lut.reshape(-1, lut.shape[2]))
+    idx = idx.reshape(out // group, inp // block, group, block).transpose(0, 2, 1, 3)
+    return LutQuant(idx.reshape(out, inp).astype(np.uint8), lut)
+
+
+def kmeans_tables(w: np.ndarray, bits: int, group: int, block: int, importance: np.ndarray | None = None):
+    """w [out, in] -> its fp16 tables [out/group, in/block, 2^bits], ascending: k-means of 2^bits
+    centroids per tile of `group` rows by `block` inputs, each weight counted by its input's
+    `importance` [in] (its mean square)."""
     (out, inp), k = w.shape, 2 ** bits
     tiles = lambda a: np.ascontiguousarray(np.broadcast_to(a, w.shape).reshape(  # noqa: E731
         out // group, group, inp // block, block).transpose(0, 2, 1, 3)).reshape(-1, group * block)
@@ -82,9 +113,7 @@ def palettize(w: np.ndarray, bits: int, group: int, block: int, importance: np.n
         edges[rows[:, 0]], mass = b, cw[rows, b[:, 1:]] - cw[rows, b[:, :-1]]
         sums = csum[rows, b[:, 1:]] - csum[rows, b[:, :-1]]
         cent[rows[:, 0]] = np.where(mass > 0, sums / np.where(mass > 0, mass, 1), c)  # an empty cluster stays
-    lut = np.sort(cent.astype(np.float16), axis=1)
-    idx = nearest(x, lut).reshape(out // group, inp // block, group, block).transpose(0, 2, 1, 3)
-    return LutQuant(idx.reshape(out, inp).astype(np.uint8), lut.reshape(out // group, inp // block, k))
+    return np.sort(cent.astype(np.float16), axis=1).reshape(out // group, inp // block, k)
 
 
 def nearest(x: np.ndarray, lut: np.ndarray) -> np.ndarray:
@@ -104,8 +133,24 @@ def tile_inputs(inp: int, most: int) -> int:
 
 
 def lut_tables(config, weights: dict[str, np.ndarray], bits: int, group: int, block: int,
-               importance: dict | None = None) -> dict[str, LutQuant]:
-    """{linear: its LutQuant}: tables of `group` rows by up to `block` inputs (`tile_inputs`)."""
+               calib=None, seq: int = 512) -> dict[str, LutQuant]:
+    """{linear: its LutQuant}: tables of `group` rows by up to `block` inputs (`tile_inputs`).
+    Given calibration ids `calib`, the k-means counts each weight by its input's mean square
+    over them, and for lut4 from ORDER_TOKENS on the indices follow GPTQ's order under the
+    inputs' covariance (quant/gptq.py), else each weight takes its nearest entry; without
+    calibration, unweighted tables."""
+    from .gptq import ordered_tables
+
+    names = _checked(config, weights, bits, group)
+    if bits in ORDERED and calib and len(calib) >= ORDER_TOKENS:
+        return ordered_tables(config, weights, calib, seq, [(bits, group, block)])[0]
+    moments = input_moments(config, weights, calib, seq) if calib else {}
+    return {n: palettize(weights[n + ".weight"], bits, group, tile_inputs(weights[n + ".weight"].shape[1], block),
+                         moments.get(n)) for n in names}
+
+
+def _checked(config, weights: dict[str, np.ndarray], bits: int, group: int) -> list[str]:
+    """The linears' names, once `group` rows and `bits` fit every linear (else one InputError)."""
     names = linear_names(config)
     bad = sorted({weights[n + ".weight"].shape[0] for n in names if weights[n + ".weight"].shape[0] % group})
     if bad:
@@ -113,24 +158,29 @@ def lut_tables(config, weights: dict[str, np.ndarray], bits: int, group: int, bl
                          f"divisor of each, such as 1 or 16")
     if any(weights[n + ".weight"].shape[1] * bits % 8 for n in names):
         raise InputError(f"lut{bits}: every linear's inputs times {bits} bits must fill whole bytes")
-    return {n: palettize(weights[n + ".weight"], bits, group, tile_inputs(weights[n + ".weight"].shape[1], block),
-                         (importance or {}).get(n)) for n in names}
+    return names
 
 
-def choose_block(config, weights: dict[str, np.ndarray], group: int, ids, seq: int, moments: dict):
+def choose_block(config, weights: dict[str, np.ndarray], group: int, ids, seq: int, calib):
     """lut4's tile inputs, chosen (module doc): (inputs, the tables, {inputs: perplexity ratio of
-    `ids` on the CPU reference}) for the first of CHOICES within LIMIT, else the least ratio."""
+    `ids` on the CPU reference}) for the first of CHOICES within LIMIT, else the least ratio;
+    the tables built on the calibration ids `calib` (`lut_tables`), every choice's in one walk
+    of the covariances where they are GPTQ's."""
+    from .gptq import ordered_tables
     from .smooth import score
 
-    source, tried, luts = score(config, weights, ids, seq), {}, {}
+    if _checked(config, weights, 4, group) and 4 in ORDERED and calib and len(calib) >= ORDER_TOKENS:
+        built = dict(zip(CHOICES, ordered_tables(config, weights, calib, seq, [(4, group, b) for b in CHOICES])))
+    else:
+        built = {b: lut_tables(config, weights, 4, group, b, calib, seq) for b in CHOICES}
+    source, tried = score(config, weights, ids, seq), {}
     for block in CHOICES:
-        luts[block] = lut_tables(config, weights, 4, group, block, moments)
-        dense = {n + ".weight": lq.dense() for n, lq in luts[block].items()}
+        dense = {n + ".weight": lq.dense() for n, lq in built[block].items()}
         tried[block] = score(config, {**weights, **dense}, ids, seq) / source
         if tried[block] <= 1 + LIMIT:
-            return block, luts[block], tried
+            return block, built[block], tried
     block = min(tried, key=tried.get)
-    return block, luts[block], tried
+    return block, built[block], tried
 
 
 def input_moments(config, weights: dict[str, np.ndarray], ids, seq_len: int) -> dict[str, np.ndarray]:
