@@ -1,6 +1,6 @@
 """`anelm chat` and `anelm serve` read W4 and LUT4 folders (docs/quantization.md,
-docs/serving.md): a tiny random Llama with a word tokenizer and a chat template, quantized to
-each scheme, on the emulator.
+docs/serving.md): a tiny random Llama and a tiny random Gemma 3, each with a word tokenizer and
+a chat template, quantized to each scheme, on the emulator.
 
 The oracle is a path that shares neither command's code: the folder read back by `load_model`,
 its device runner built by hand (`build_runner`) and run greedily, prefill then one decode a
@@ -14,9 +14,10 @@ in a cache's capacity and a prefill's bucket, which move the logits by fp16 roun
 max|logit|). So the oracle holds every greedy step's top-2 margin to at least MARGIN = 1e-2 of
 max|logit| (measured: 1.8e-2 at least over these 4-token replies; 2e-3 at a later step, which
 is why replies stop at 4), and then equality is not luck. The source model and the two folders
-answer differently (measured: the source's chat reply is w51 w4 w92 w48, W4's w51 w4 w14 w25,
-LUT4's w51 w59 w84 w48), so a command that read the wrong weights would fail; the oracle's
-programs are checked to carry 4-bit weights.
+answer differently (measured, Llama: the source's chat reply is w51 w4 w92 w48, W4's w51 w4 w14
+w25, LUT4's w51 w59 w84 w48; Gemma 3: w32 w21 w56 w48, w32 w59 w57 w31, w79 w22 w12 w57), so a
+command that read the wrong weights would fail; the oracle's programs are checked to carry
+4-bit weights.
 """
 
 import io
@@ -44,17 +45,20 @@ CONTEXT = 64
 STEPS = 4  # --max-tokens of every request (module doc)
 MARGIN = 1e-2  # the least top-2 logit margin of an oracle's step, x max|logit| (module doc)
 SCHEMES = ["w4", "lut4"]
+# each family's tiny model: a seed whose greedy replies keep the margin and tell the source and
+# the two folders apart (module doc)
+SEEDS = {"llama-gqa": 21, "gemma3": 5}
 MESSAGES = [{"role": "user", "content": "w5 w6 w7"}]
 PROMPT = "w9 w10 w11"
 CARRIES = {"w4": "data = tensor<uint4, [128, 64, 1, 1]>(BLOBFILE",  # gate and up, 4-bit
            "lut4": "indices = tensor<uint4, [128, 64, 1, 1]>(BLOBFILE"}
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """{scheme: its folder} of one tiny Llama with a chat template."""
-    d = tmp_path_factory.mktemp("q4chat") / "llama"
-    hf_tiny.make_word_model(d)
+@pytest.fixture(scope="module", params=["llama-gqa", "gemma3"])
+def folders(request, tmp_path_factory):
+    """{scheme: its folder} of one tiny model of the family with a chat template."""
+    d = tmp_path_factory.mktemp("q4chat") / request.param
+    hf_tiny.make_word_model(d, seed=SEEDS[request.param], kind=request.param)
     instruct_tiny.add_chat_template(d)
     config, weights, tok = load_model(d)
     calib = np.random.default_rng(3).integers(3, 96, 64).tolist()  # LUT4's input moments
