@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.formats.quantized import LutQuant, linear_names
 
 DAMP, LAZY = 0.01, 128  # H's damping (of its mean diagonal); columns a GEMM update carries
 CHUNK_BYTES = 160 << 20  # float64 H a chunk of layers collects at most (one layer always)
@@ -156,31 +155,3 @@ def covariances(config, weights: dict, ids, seq: int, layers: range, stream: dic
 
 class _Done(Exception):
     """The chunk's last layer is done: the rest of the model is not run."""
-
-
-def ordered_tables(config, weights: dict, ids, seq: int, specs: list[tuple[int, int, int]]) -> list[dict]:
-    """For each (bits, rows, most inputs) of `specs`, {linear: its LutQuant}: k-means tables
-    counted by the input moments (the diagonal of H over the tokens), indices in GPTQ's order."""
-    from .lut import kmeans_tables, tile_inputs
-
-    names, stream, out, layers = linear_names(config), {}, [{} for _ in specs], config.num_hidden_layers
-    per = len(names) // layers  # linear_names: layer by layer
-    size = [sum(8 * weights[n + ".weight"].shape[1] ** 2 for n in names[i * per:(i + 1) * per]) for i in range(layers)]
-    start = 0
-    while start < layers:
-        stop = start + 1
-        while stop < layers and sum(size[start:stop + 1]) <= CHUNK_BYTES:
-            stop += 1
-        acc, alias, tokens = covariances(config, weights, ids, seq, range(start, stop), stream)
-        for key in list(acc):
-            h = acc.pop(key)
-            members = [key] + [n for n, k in alias.items() if k == key]
-            ws = [weights[n + ".weight"] for n in members]
-            moments, u, w = np.diagonal(h) / tokens, factor(h), np.concatenate(ws)
-            for (bits, group, most), got in zip(specs, out):
-                block = tile_inputs(w.shape[1], most)
-                luts = [kmeans_tables(x, bits, group, block, moments) for x in ws]  # each linear's own tables
-                idx = np.split(walk(w, np.concatenate(luts), u), np.cumsum([len(x) for x in ws])[:-1])
-                got.update({n: LutQuant(i, lut) for n, i, lut in zip(members, idx, luts)})
-        start = stop
-    return out

@@ -66,6 +66,7 @@ import numpy as np
 
 from ..models.errors import InputError
 from ..models.formats.quantized import LutQuant, linear_names
+from . import gptq
 
 ITERATIONS = 40  # Lloyd steps at most: 300 measured no better (local optima, not unfinished runs)
 DEFAULTS = {4: (1, 192), 6: (16, 1 << 30)}  # bits -> (rows, most inputs) a table spans (module doc)
@@ -139,8 +140,6 @@ def lut_tables(config, weights: dict[str, np.ndarray], bits: int, group: int, bl
     over them, and for lut4 from ORDER_TOKENS on the indices follow GPTQ's order under the
     inputs' covariance (quant/gptq.py), else each weight takes its nearest entry; without
     calibration, unweighted tables."""
-    from .gptq import ordered_tables
-
     names = _checked(config, weights, bits, group)
     if bits in ORDERED and calib and len(calib) >= ORDER_TOKENS:
         return ordered_tables(config, weights, calib, seq, [(bits, group, block)])[0]
@@ -166,7 +165,6 @@ def choose_block(config, weights: dict[str, np.ndarray], group: int, ids, seq: i
     `ids` on the CPU reference}) for the first of CHOICES within LIMIT, else the least ratio;
     the tables built on the calibration ids `calib` (`lut_tables`), every choice's in one walk
     of the covariances where they are GPTQ's."""
-    from .gptq import ordered_tables
     from .smooth import score
 
     if _checked(config, weights, 4, group) and 4 in ORDERED and calib and len(calib) >= ORDER_TOKENS:
@@ -209,3 +207,30 @@ def input_moments(config, weights: dict[str, np.ndarray], ids, seq_len: int) -> 
     for i in range(0, len(ids), seq_len):
         model.prefill(list(ids[i:i + seq_len]), model.new_cache())
     return {k: s / n for k, (s, n) in acc.items()}
+
+
+def ordered_tables(config, weights: dict, ids, seq: int, specs: list[tuple[int, int, int]]) -> list[dict]:
+    """For each (bits, rows, most inputs) of `specs`, {linear: its LutQuant}: k-means tables
+    counted by the input moments (the diagonal of H over the tokens), indices in GPTQ's order
+    (quant/gptq.py: the covariances a chunk of layers at a time, each H's factor and walk)."""
+    names, stream, out, layers = linear_names(config), {}, [{} for _ in specs], config.num_hidden_layers
+    per = len(names) // layers  # linear_names: layer by layer
+    size = [sum(8 * weights[n + ".weight"].shape[1] ** 2 for n in names[i * per:(i + 1) * per]) for i in range(layers)]
+    start = 0
+    while start < layers:
+        stop = start + 1
+        while stop < layers and sum(size[start:stop + 1]) <= gptq.CHUNK_BYTES:
+            stop += 1
+        acc, alias, tokens = gptq.covariances(config, weights, ids, seq, range(start, stop), stream)
+        for key in list(acc):
+            h = acc.pop(key)
+            members = [key] + [n for n, k in alias.items() if k == key]
+            ws = [weights[n + ".weight"] for n in members]
+            moments, u, w = np.diagonal(h) / tokens, gptq.factor(h), np.concatenate(ws)
+            for (bits, group, most), got in zip(specs, out):
+                block = tile_inputs(w.shape[1], most)
+                luts = [kmeans_tables(x, bits, group, block, moments) for x in ws]  # each linear's own tables
+                idx = np.split(gptq.walk(w, np.concatenate(luts), u), np.cumsum([len(x) for x in ws])[:-1])
+                got.update({n: LutQuant(i, lut) for n, i, lut in zip(members, idx, luts)})
+        start = stop
+    return out

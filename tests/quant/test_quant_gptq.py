@@ -57,7 +57,7 @@ def test_covariances_in_chunks_are_the_whole_passes(tmp_path, monkeypatch):
     import hf_tiny
 
     from anelm.models.loading import build_model, load_model
-    from anelm.quant import gptq
+    from anelm.quant import gptq, lut as luts
 
     hf_tiny.make_word_model(tmp_path / "m")
     config, weights, _ = load_model(tmp_path / "m")
@@ -83,7 +83,7 @@ def test_covariances_in_chunks_are_the_whole_passes(tmp_path, monkeypatch):
     for key, h in ref.items():
         assert np.allclose(got[alias.get(key, key)], h, rtol=1e-4, atol=1e-4 * np.abs(h).max()), key
     specs = [(4, 16, 32), (6, 16, 1 << 30)]
-    whole = gptq.ordered_tables(config, weights, ids, 32, specs)
+    whole = luts.ordered_tables(config, weights, ids, 32, specs)
     monkeypatch.setattr(gptq, "CHUNK_BYTES", 1)
-    for a, b in zip(whole, gptq.ordered_tables(config, weights, ids, 32, specs)):
+    for a, b in zip(whole, luts.ordered_tables(config, weights, ids, 32, specs)):
         assert all(np.array_equal(a[n].indices, b[n].indices) and np.array_equal(a[n].lut, b[n].lut) for n in a)
