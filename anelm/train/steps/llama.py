@@ -91,8 +91,8 @@ class DeviceTrainStep(StepPositions, StepHead):
         self.n_layers = config.num_hidden_layers
         width = padded_width(seq_len, multiple)
         # sdpa_fwd hands its probabilities to sdpa_bwd (`Dims.carry_probs`), which then skips
-        # their recomputation (softmax on the ANE's slow vector path; on the emulator 3-4x the
-        # backward's time), where the host can keep them (`carry_fits`)
+        # their recomputation (a softmax on the ANE's slow vector path; on the emulator a few ms
+        # a layer either way), where the host can keep them (`carry_fits`)
         carry = carry_fits(replace(self.dims, s=width), self.n_layers) if carry_probs is None else carry_probs
         # with the SwiGLU backward inside, ffn_down_dx and ffn_up_dx as one kernel (`Dims.ffn_dx`;
         # LoRA's adapter blocks keep the two)
