@@ -22,6 +22,10 @@ Device time comes from the compiled kernels (cost.py). CPU time comes from the c
 CPU figures: sgemm FLOPs at `cpu_sgemm_flops`, elementwise passes as fp32 bytes at
 `cpu_vector_bytes_per_s` (M4: a vDSP RMSNorm timing; other chips: a CPU streaming pass), host I/O as bytes converted
 between the fp32 arrays and the fp16 surfaces at the same rate. Never the host's speed.
+A pass the program splits into chunks over worker threads (anelm's AdamW and restaging) runs at
+that rate per performance core, until the memory's published bandwidth is the limit
+(`pass_bytes_per_s`); the references' run on one thread (maderix/ANE's `adam_update` and its
+staging are plain loops on the main thread), at one core's rate.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import UsageError
 from ..models.names import has_head_norms
+from ..runtime.threads import pass_workers
 from ..train.steps.cpu_ops import matmul_flops
 from ..train.steps.placement import fastest_head, head_seconds
 from . import orion
@@ -105,6 +110,9 @@ class StepSpec:
     # with the SwiGLU backward on the device, ffn_down_dx and ffn_up_dx as one kernel
     # (`Dims.ffn_dx`), as the trainer runs them but for LoRA
     ffn_dx: bool = False
+    # AdamW and the dynamic pipeline's restaging split into chunks across the CPU's cores, as
+    # anelm's trainer runs them (train/optim.py's workers, `DynamicBank.set_weights`' pool)
+    parallel_update: bool = False
 
     @property
     def dims(self):
@@ -132,7 +140,7 @@ def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str
     swiglu = family.gated and family.activation == "silu"  # as train/steps/llama.py decides it
     spec = StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=swiglu,
                     dw_overlaps_forward=swiglu, embed_on=embed_on, head_ahead=True, rope_on_device=family.rotary,
-                    clamp_inputs=False, ffn_dx=swiglu)
+                    clamp_inputs=False, ffn_dx=swiglu, parallel_update=True)
     return replace(spec, carry_probs=carry_fits(spec.dims, config["num_hidden_layers"]))
 
 
@@ -140,6 +148,16 @@ def _params(c: dict) -> int:
     from ..train.presets import count_params
 
     return count_params(c)
+
+
+def pass_bytes_per_s(chip: Chip, parallel: bool) -> float:
+    """The rate of an elementwise pass: one core's, or split over the chip's performance cores
+    (as many as the trainer's pools take: `runtime.threads.pass_workers`), each at one core's
+    rate, until the memory's bandwidth is the limit (M4: 4 × 36 GB/s, capped at 120)."""
+    if not parallel:
+        return chip.cpu_vector_bytes_per_s
+    cores = pass_workers(int(chip.values.get("cpu_performance_cores", 1)))
+    return min(cores * chip.cpu_vector_bytes_per_s, chip.cpu_dram_bytes_per_s)
 
 
 def host_io_s(k, chip: Chip) -> float:
@@ -224,12 +242,13 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     p = _params(c)
     accumulate = ACCUMULATE_BYTES * p * (spec.accum - 1) if spec.accumulate_pass else 0
     grad_passes = ZERO_AND_SCALE_BYTES * p if spec.zero_and_scale_grads else 0
-    optimizer = (ADAMW_BYTES * p + accumulate + grad_passes) / vec
+    update = pass_bytes_per_s(chip, spec.parallel_update)
+    optimizer = (ADAMW_BYTES * p + accumulate + grad_passes) / update
     restage, recompile = head["restage"], 0.0  # the head's tiles are data in either pipeline
     if spec.embed_on == "gpu":
         restage += F32 * c["vocab_size"] * m.d / vec
     if spec.pipeline == "dynamic":
-        restage += layers * sum(k.pop("_weights") for k in kernels) * IO_BYTES / vec
+        restage += layers * sum(k.pop("_weights") for k in kernels) * IO_BYTES / update
     else:
         weighted = sum(1 for k in kernels if k.pop("_weights"))
         recompile = weighted * layers * chip.compile_s if spec.count_recompile else 0.0

@@ -22,8 +22,9 @@ CONSTANTS = ("conv_fp16_flops", "int8_ops", "matmul_flops", "dispatch_s", "worki
              "ane_softmax_per_s", "ane_reduce_per_s", "cpu_exp_s")
 # where published: the per-evaluation floor on another runtime's path; the cost per logit of a
 # scalar (not vectorised) CPU cross-entropy, as Orion's is; the GPU's fp32 GEMM rate and memory
-# bandwidth (train/steps/placement.py's `gpu` head)
-OPTIONAL = ("orion_dispatch_s", "cpu_scalar_ce_s", "gpu_sgemm_flops", "gpu_bytes_per_s")
+# bandwidth (train/steps/placement.py's `gpu` head); the CPU's performance cores, over which a pass
+# split into chunks runs (bench/step_model.py `pass_bytes_per_s`; one where not published)
+OPTIONAL = ("orion_dispatch_s", "cpu_scalar_ce_s", "gpu_sgemm_flops", "gpu_bytes_per_s", "cpu_performance_cores")
 RMSNORM_BYTES_PER_ELEMENT = 32  # fp32: forward reads x twice, writes y; backward reads 4, writes dx
 CPU_STREAM_BYTES_PER_ELEMENT = 8  # ANEForge's CPU streaming pass (relu / x*2): read and write fp32
 

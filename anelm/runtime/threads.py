@@ -17,6 +17,15 @@ from typing import Any, Callable
 from threadpoolctl import ThreadpoolController
 
 _controller: ThreadpoolController | None = None
+# a pass split into independent chunks (AdamW's update, the dynamic pipeline's restaging) takes
+# one worker per core, up to this many; the cost model prices such passes by the same count
+# (bench/step_model.py `pass_bytes_per_s`)
+MAX_PASS_WORKERS = 8
+
+
+def pass_workers(cores: int | None = None) -> int:
+    """Workers for a pass split into chunks, on `cores` cores (default: this machine's)."""
+    return max(1, min(MAX_PASS_WORKERS, cores if cores is not None else os.cpu_count() or 1))
 
 
 def _blas() -> ThreadpoolController:

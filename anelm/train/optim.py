@@ -15,7 +15,6 @@ eps is added after the bias-corrected √v, as torch does.
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
@@ -23,13 +22,14 @@ import numba
 import numpy as np
 
 from ..errors import ShapeError
+from ..runtime.threads import pass_workers
 from .errors import CheckpointError
 from .scaler import grads_finite
 
 F32 = np.float32
 CHUNK = 1 << 16  # elements per AdamW job: a few thousand jobs in all, shared out to the workers
 # chunks are independent, and the compiled update releases the GIL: one worker per core
-WORKERS = max(1, min(8, os.cpu_count() or 1))
+WORKERS = pass_workers()
 
 
 @numba.njit(nogil=True, cache=True)

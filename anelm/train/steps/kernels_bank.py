@@ -15,7 +15,6 @@ training/training_dynamic/).
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -29,6 +28,7 @@ from ...kernels.families import Family
 from ...kernels.training import (BACKWARD, FFN_DX, GRADIENT_INPUTS, WEIGHTLESS, Dims, LoraLayout, adapter_mats,
                                  build_graph, layer_mats, layouts, weighted_kinds)
 from ...runtime.kernel import Kernel, Request
+from ...runtime.threads import pass_workers
 
 # The backward kernels: their overflow is what dynamic loss scaling expects (the scaler skips
 # the step and lowers the scale), so it is not warned per kernel (fp16 overflow
@@ -148,5 +148,5 @@ class DynamicBank(KernelBank):
                 mats = layer_mats(kind, rounded, layer, self.family, self.dims)
                 self._stage(self._req[(kind, layer)], kind, mats, exact=True)
 
-        with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        with ThreadPoolExecutor(pass_workers()) as pool:
             list(pool.map(stage, range(self.n_layers)))
