@@ -104,8 +104,10 @@ class StepKernel:
                                                     # program's surfaces are not all fp16 (step_model.HOST_BYTES)
 
 
-def train_kernels(dims, pipeline: str) -> list[StepKernel]:
-    """The kernels of one layer (anelm/kernels/training.py) for `pipeline`, compiled."""
+def train_kernels(dims, pipeline: str, resident_probs: bool = False) -> list[StepKernel]:
+    """The kernels of one layer (anelm/kernels/training.py) for `pipeline`, compiled;
+    `resident_probs`: the carried probabilities stay on the device (train/steps/attention.py),
+    so the host neither reads them after sdpa_fwd nor writes them before sdpa_bwd."""
     from ..kernels.training import FORWARD, ROLES, WEIGHTLESS, build_graph, layouts, weighted_kinds
 
     out = []
@@ -122,6 +124,9 @@ def train_kernels(dims, pipeline: str) -> list[StepKernel]:
         weights = sum(pk.channels * w for pk in lay for _, w in pk.weights)
         outs = sum(int(np.prod(s.shape)) for s in art.signature.outputs)
         forward = kind in FORWARD or kind == "sdpa_fwd"
+        if resident_probs and kind in WEIGHTLESS:
+            probs = dims.hq * dims.s * dims.s
+            acts, outs = (acts, outs - probs) if forward else (acts - probs, outs)
         out.append(StepKernel(kind, cost, forward, acts, outs, weights))
     return out
 

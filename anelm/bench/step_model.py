@@ -110,6 +110,9 @@ class StepSpec:
     # with the SwiGLU backward on the device, ffn_down_dx and ffn_up_dx as one kernel
     # (`Dims.ffn_dx`), as the trainer runs them but for LoRA
     ffn_dx: bool = False
+    # the carried probabilities left on the device between sdpa_fwd and sdpa_bwd, as the trainer
+    # does where they fit (`kernels.training.resident_fits`)
+    resident_probs: bool = False
     # AdamW and the dynamic pipeline's restaging split into chunks across the CPU's cores, as
     # anelm's trainer runs them (train/optim.py's workers, `DynamicBank.set_weights`' pool)
     parallel_update: bool = False
@@ -131,17 +134,19 @@ def anelm_spec(config: dict, seq_len: int, batch: int, accum: int, pipeline: str
     """anelm's own step as the trainer runs it on the ANE: the classifier at `head_on`, and the
     SwiGLU backward on the device for the Llama family (in one kernel with ffn_up_dx), RoPE inside the attention kernels for
     rotary families (train/steps/llama.py), the attention probabilities carried from the forward
-    to the backward where the host can keep them, and the activations' clamp to fp16's range
+    to the backward where the host can keep them (on the device where they fit), AdamW and the
+    restaging over the CPU's cores, and the activations' clamp to fp16's range
     inside their conversion (`KernelBank.run`), so no clamping pass."""
     from ..kernels.families import family_for
-    from ..kernels.training import carry_fits
+    from ..kernels.training import carry_fits, resident_fits
 
     family = family_for(config.get("model_type", "llama"))
     swiglu = family.gated and family.activation == "silu"  # as train/steps/llama.py decides it
     spec = StepSpec(config, seq_len, batch, accum, pipeline, head_on=head_on, swiglu_on_device=swiglu,
                     dw_overlaps_forward=swiglu, embed_on=embed_on, head_ahead=True, rope_on_device=family.rotary,
                     clamp_inputs=False, ffn_dx=swiglu, parallel_update=True)
-    return replace(spec, carry_probs=carry_fits(spec.dims, config["num_hidden_layers"]))
+    spec = replace(spec, carry_probs=carry_fits(spec.dims, config["num_hidden_layers"]))
+    return replace(spec, resident_probs=resident_fits(spec.dims, config["num_hidden_layers"], batch))
 
 
 def _params(c: dict) -> int:
@@ -189,7 +194,7 @@ def predict_step(spec: StepSpec, chip: Chip) -> dict:
     io = {"forward": 0.0, "backward": 0.0}
     ks = {"maderix": lambda: maderix_kernels(m, layers), "maderix-v1": lambda: maderix_v1_kernels(m),
           "static-reference": lambda: static_reference_kernels(m)}.get(
-        spec.kernels, lambda: train_kernels(m, spec.pipeline))()
+        spec.kernels, lambda: train_kernels(m, spec.pipeline, spec.resident_probs))()
     for k in ks:
         t = eval_time(k.cost, chip)
         side = "forward" if k.forward else "backward"

@@ -34,7 +34,8 @@ from .families import Family
 # the layouts' names, re-exported: a kernel and its layout are used together
 from .training_layout import (BACKWARD, FFN_DX, FORWARD, GRADIENT_INPUTS, KINDS, LORA_INPUT,  # noqa: F401
                               MASK_INPUT, ROLES, WEIGHTED, WEIGHTLESS, Dims, LoraLayout, Packed, a_key, b_key,
-                              carry_fits, drop_key, kernel_roles, layouts, mask_key, weighted_kinds)
+                              carry_fits, drop_key, kernel_roles, layouts, mask_key, resident_fits,
+                              weighted_kinds)
 
 
 def layer_mats(kind: str, weights: dict[str, np.ndarray], layer: int, family: Family,

@@ -174,6 +174,18 @@ def carry_fits(m: Dims, layers: int) -> bool:
     return 4 * m.hq * m.s * m.s * layers <= CARRY_BYTES
 
 
+# ...and leaves them on the device, in fp16 surfaces sdpa_fwd writes and sdpa_bwd reads, rather
+# than reading them back and writing them again, while two slots of every layer's, for each
+# sequence of a batch (a micro-batch's forward may run ahead of the last one's backward), take
+# at most this (Qwen3-0.6B at S 256: 112 MB a sequence)
+RESIDENT_BYTES = 512 << 20
+
+
+def resident_fits(m: Dims, layers: int, batch: int) -> bool:
+    """Whether the trainer keeps the carried probabilities on the device for a batch of `batch`."""
+    return m.carry_probs and 2 * batch * layers * 2 * m.hq * m.s * m.s <= RESIDENT_BYTES
+
+
 def weighted_kinds(m: Dims) -> tuple[str, ...]:
     """The weighted kernels a step with these sizes runs, forward ones first."""
     if not m.ffn_dx:

@@ -7,6 +7,10 @@
     out = req.run(x=act)                  # ...or only the activation columns each time
     k.close()
 
+One kernel's output can be another's input with no trip through the host: bind one surface
+(`Kernel.new_surface`) as an output of the first's request and an input of the second's
+(`request(inputs=, outputs=)`), and leave it unread (`run(stay=)`).
+
 Surfaces follow the device's profile: every surface of one direction gets the same allocation
 size (at least `min_surface_bytes`), data is packed at offset 0, and surfaces bind in the
 profile's order (alphabetical by MIL name in `strict`).
@@ -89,20 +93,53 @@ class Kernel:
         self._mil = {u: m for m, u in self._user.items()}
         self._concat = dict(meta.get("concat_outputs", {}))  # rebuilt here on the CPU
         self._in_sizes = _sizes(self.inputs, p, "inputs")
-        out_sizes = _sizes(self.outputs, p, "outputs")
+        self._out_sizes = _sizes(self.outputs, p, "outputs")
         self.model = self._cache.acquire(artifact, device)
-        self._out_surfaces = [device.new_surface(n) for n in out_sizes]  # shared by every request
+        self._out_surfaces = [device.new_surface(n) for n in self._out_sizes]  # shared by every request
+        self._made: list[Surface] = []  # `new_surface`'s, released with the kernel
         self._lock = threading.Lock()
         self._requests: list[Request] = []
         self._default: Request | None = None
         self.closed = False
 
-    def request(self) -> "Request":
-        """A request with its own input surfaces (outputs are shared across requests)."""
+    def request(self, inputs: dict[str, Surface] | None = None,
+                outputs: dict[str, Surface] | None = None) -> "Request":
+        """A request with its own input surfaces (outputs are shared across requests). `inputs`
+        binds surfaces made elsewhere to the inputs it names, `outputs` to every output (each
+        side's own surfaces then as large as the bound ones, where the profile wants one size);
+        the request does not release them. Requests sharing a surface run on one thread."""
         self._check_open()
-        req = Request(self, [self.device.new_surface(n) for n in self._in_sizes])
+        bound = {self._mil.get(k, k): s for k, s in (inputs or {}).items()}
+        unknown = sorted(set(bound) - {s.name for s in self.inputs})
+        if unknown:
+            raise ShapeError(f"kernel has no input {unknown}; expected names among {[s.name for s in self.inputs]}")
+        sizes = surface_sizes([max(n, bound[s.name].nbytes) if s.name in bound else n
+                               for s, n in zip(self.inputs, self._in_sizes)], self.device.profile, "inputs")
+        own = {s.name: self.device.new_surface(n) for s, n in zip(self.inputs, sizes) if s.name not in bound}
+        outs = None
+        if outputs is not None:
+            outs = [outputs.get(self._user.get(s.name, s.name), outputs.get(s.name)) for s in self.outputs]
+            if None in outs:
+                raise ShapeError(f"request outputs: expected a surface for each of {self._declared_outputs}")
+        req = Request(self, [bound.get(s.name) or own[s.name] for s in self.inputs], list(own.values()), outs)
         self._requests.append(req)
         return req
+
+    @property
+    def input_names(self) -> list[str]:
+        """The inputs' names as callers use them, in binding order."""
+        return [self._user.get(s.name, s.name) for s in self.inputs]
+
+    def surface_bytes(self, side: str) -> int:
+        """The largest allocation this kernel's surfaces of `side` ("inputs", "outputs") need."""
+        return max(self._in_sizes if side == "inputs" else self._out_sizes)
+
+    def new_surface(self, nbytes: int) -> Surface:
+        """A surface on the kernel's device, released with the kernel, for `request` to bind."""
+        self._check_open()
+        s = self.device.new_surface(nbytes)
+        self._made.append(s)
+        return s
 
     def run(self, arrays: dict[str, np.ndarray], exact: Collection[str] = ()) -> dict[str, np.ndarray]:
         """Every input by MIL name -> every output by returned name (declared dtype and shape).
@@ -124,24 +161,27 @@ class Kernel:
     def __call__(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         return self.run(arrays)
 
-    def _evaluate(self, in_surfaces: list[Surface], batched: bool = False,
-                  only: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+    def _evaluate(self, in_surfaces: list[Surface], batched: bool = False, only: tuple[str, ...] | None = None,
+                  out_surfaces: list[Surface] | None = None, stay: Collection[str] = ()) -> dict[str, np.ndarray]:
         watch = self.warn_overflow and not warned(self.name)  # nothing to look for once it has warned
         read = {"batched": True} if batched else dict(self._read)  # every column, whatever was promised
         if only is not None:  # by MIL name; the others come back as their surfaces held them
             read["only"] = tuple(self._mil.get(n, n) for n in only)
+        outs = self._out_surfaces if out_surfaces is None else out_surfaces
         with self._lock:  # output surfaces are shared: evaluate and read back as one step
-            found = self.device.evaluate(self.model, in_surfaces, self._out_surfaces, watch=watch, **read)
+            found = self.device.evaluate(self.model, in_surfaces, outs, watch=watch, **read)
             if watch and found is not None:
                 warn_overflow(self.name, found)
             got = {}
-            for spec, s in zip(self.outputs, self._out_surfaces):
+            for spec, s in zip(self.outputs, outs):
+                if self._user.get(spec.name, spec.name) in stay:  # left on the device for another request
+                    continue
                 if self.float32_outputs and spec.dtype == "fp16":
                     got[spec.name] = s.share_half(math.prod(spec.shape)).reshape(spec.shape)
                 else:
                     raw = s.read(spec.nbytes)
                     got[spec.name] = raw.view(storage_dtype(spec.dtype)).reshape(spec.shape)
-        out = {self._user.get(n, n): got[n] for n in self._declared_outputs}
+        out = {self._user.get(n, n): got[n] for n in self._declared_outputs if n in got}
         for name, how in self._concat.items():  # strict rejects concat: join the parts here
             out[name] = np.concatenate([out.pop(part) for part in how["parts"]], axis=how["axis"])
         return out
@@ -157,7 +197,7 @@ class Kernel:
         self.closed = True
         for req in self._requests:
             req.close()
-        for s in self._out_surfaces:
+        for s in (*self._out_surfaces, *self._made):
             s.release()
         self._cache.release(self.model)
 
@@ -171,9 +211,12 @@ class Kernel:
 class Request:
     """Input surfaces of one request; inputs written once stay staged across runs."""
 
-    def __init__(self, kernel: Kernel, surfaces: list[Surface]):
+    def __init__(self, kernel: Kernel, surfaces: list[Surface], own: list[Surface] | None = None,
+                 outputs: list[Surface] | None = None):
         self.kernel = kernel
         self.surfaces = surfaces
+        self._own = surfaces if own is None else own  # what `close` releases (not bound ones)
+        self._outputs = outputs  # bound output surfaces, else the kernel's shared ones
         self._specs = {s.name: (i, s) for i, s in enumerate(kernel.inputs)}
         self._mirror: dict[str, np.ndarray] = {}  # host copies of inputs written by columns
         self._dirty: set[str] = set()
@@ -215,11 +258,12 @@ class Request:
         if not live:
             self._dirty.add(name)
 
-    def run(self, batched: bool = False, only: tuple[str, ...] | None = None,
+    def run(self, batched: bool = False, only: tuple[str, ...] | None = None, stay: Collection[str] = (),
             **arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Write the given inputs whole (others keep what was staged), evaluate, read outputs;
         `batched`: every column of the outputs in one pass; `only`: the outputs the caller reads
-        (the others are stale) (`Device.evaluate`)."""
+        (the others are stale) (`Device.evaluate`); `stay`: outputs computed into their (bound)
+        surfaces but not read back, for another request to take as input."""
         self.kernel._check_open()
         for name, a in arrays.items():
             self.write(name, a)
@@ -227,10 +271,10 @@ class Request:
             i, spec = self._specs[name]
             self._put(i, spec, self._mirror[name])
         self._dirty.clear()
-        return self.kernel._evaluate(self.surfaces, batched, only)
+        return self.kernel._evaluate(self.surfaces, batched, only, self._outputs, stay)
 
     def close(self) -> None:
-        for s in self.surfaces:
+        for s in self._own:
             s.release()
         self._mirror.clear()
 

@@ -214,3 +214,24 @@ def test_a_pass_split_over_the_cores_runs_at_their_rate_until_the_memory_is_the_
     assert serial == pytest.approx(ADAMW_BYTES * params / m4.cpu_vector_bytes_per_s * 1e3)
     assert split == pytest.approx(ADAMW_BYTES * params / 120e9 * 1e3)
     assert all(not r.spec.parallel_update for r in REFERENCES.values())
+
+
+def test_probabilities_left_on_the_device_cross_no_surface():
+    """anelm's step in maderix's setting: with the carried probabilities on the device
+    (`resident_fits`), each I/O part is smaller by exactly their conversions, read after sdpa_fwd
+    and written before sdpa_bwd, every layer and micro-step; past the budget they cross again."""
+    from anelm.bench.step_model import anelm_spec
+    from anelm.train.presets import get_preset
+
+    cfg, chip = get_preset("stories110m"), get_chip("m4")
+    spec = anelm_spec(cfg, 256, 1, 10, "dynamic", "cpu")
+    assert spec.carry_probs and spec.resident_probs
+    kept = predict_step(spec, chip)["predicted_breakdown"]
+    host = predict_step(replace(spec, resident_probs=False), chip)["predicted_breakdown"]
+    m = spec.dims
+    probs_ms = cfg["num_hidden_layers"] * 10 * m.hq * m.s * m.s * IO_BYTES / chip.cpu_vector_bytes_per_s * 1e3
+    for side in ("forward", "backward"):
+        assert host[f"io_{side}_ms"] - kept[f"io_{side}_ms"] == pytest.approx(probs_ms)
+    # two slots of 12 layers' 12 x 256 x 256 fp16 probabilities a sequence: 8 fit 512 MB, 16 do not
+    assert anelm_spec(cfg, 256, 8, 10, "dynamic", "cpu").resident_probs
+    assert not anelm_spec(cfg, 256, 16, 10, "dynamic", "cpu").resident_probs

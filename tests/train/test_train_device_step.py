@@ -116,18 +116,52 @@ def test_loss_and_every_gradient_match_autograd(arch, pipeline, rope_on_device):
 
 
 @pytest.mark.parametrize("arch", ["gqa-untied", "qwen3"])
-def test_carrying_the_probabilities_changes_no_result(arch):
-    """sdpa_bwd given the forward's probabilities (`carry_probs`, the default at these sizes)
-    against it recomputing them: the same loss and gradients, bit for bit, over B sequences."""
+def test_carrying_the_probabilities_changes_no_result(arch, monkeypatch):
+    """sdpa_bwd given the forward's probabilities (`carry_probs`, the default at these sizes),
+    left on the device (the default where they fit) or kept on the host, against it recomputing
+    them: the same loss and gradients, bit for bit, over B sequences, two micro-batches each (so
+    both slots of every layer and sequence)."""
+    from anelm.train.steps import attention
+
     cfg, w, x, y, *_ = reference(arch)
     got = {}
-    for carry in (True, False):
-        with DeviceTrainStep(cfg, w, Emulator(PROFILE), seq_len=S, carry_probs=carry) as step:
-            assert step.kernel_dims.carry_probs == carry
-            got[carry] = step.loss_and_grads(x, y, loss_scale=SCALE)[:2]
-    assert got[True][0] == got[False][0]
-    for name, g in got[False][1].items():
-        assert np.array_equal(got[True][1][name], g), name
+    for mode in ("device", "host", "recompute"):
+        monkeypatch.setattr(attention, "resident_fits", attention.resident_fits if mode == "device" else
+                            lambda *a: False)
+        with DeviceTrainStep(cfg, w, Emulator(PROFILE), seq_len=S, carry_probs=mode != "recompute") as step:
+            assert step.kernel_dims.carry_probs == (mode != "recompute")
+            got[mode] = [step.loss_and_grads(x[::-1], y[::-1], loss_scale=SCALE)[0],
+                         *step.loss_and_grads(x, y, loss_scale=SCALE)[:2]]
+            kept = sorted(k[1:] for k in step.bank._resident if k[0] == "probs")
+            batch, layers = x.shape[0], cfg.num_hidden_layers
+            assert kept == ([(i, (p, b)) for i in range(layers) for p in (0, 1) for b in range(batch)]
+                            if mode == "device" else []), kept
+    for mode in ("device", "host"):
+        assert got[mode][:2] == got["recompute"][:2], mode
+        for name, g in got["recompute"][2].items():
+            assert np.array_equal(got[mode][2][name], g), (mode, name)
+
+
+def test_probabilities_left_on_the_device_are_not_read_back(monkeypatch):
+    """With the probabilities on the device, sdpa_fwd's results on the host are the attention
+    output alone and sdpa_bwd is given no probabilities: they never cross."""
+    from anelm.train.steps.kernels_bank import KernelBank
+
+    cfg, w, x, y, *_ = reference("gqa-untied")
+    seen = []
+    run = KernelBank.run
+
+    def spy(self, kind, layer, acts, slot=None):
+        out = run(self, kind, layer, acts, slot)
+        if kind in ("sdpa_fwd", "sdpa_bwd"):
+            seen.append((kind, slot is not None, sorted(acts), sorted(out)))
+        return out
+
+    monkeypatch.setattr(KernelBank, "run", spy)
+    with DeviceTrainStep(cfg, w, Emulator(PROFILE), seq_len=S) as step:
+        step.loss_and_grads(x, y, loss_scale=SCALE)
+    assert seen and all(resident for _, resident, _, _ in seen)
+    assert all("probs" not in acts and "probs" not in out for _, _, acts, out in seen)
 
 
 def perturbed(arch):

@@ -37,7 +37,10 @@ from ..base import Device, Surface, charge_compile
 from ..overflow import output_overflow
 
 LOAD_RETRY_DELAY_S = 0.1  # maderix's bridge retries a failed load once after 100 ms
-REQUESTS_PER_MODEL = 8  # surface sets whose _ANERequest is kept for reuse, per model
+# surface sets whose _ANERequest is kept for reuse, per model: a training step's dynamic kernels
+# bind one set per layer (Qwen3-0.6B: 28), its attention kernels one per layer, slot and sequence
+# where the probabilities stay on the device; past this many, every evaluation would build one
+REQUESTS_PER_MODEL = 512
 
 
 def available(system: str | None = None, machine: str | None = None,

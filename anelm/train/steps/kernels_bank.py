@@ -11,6 +11,11 @@ columns of each packed input and evaluates. Inputs written by columns stay stage
 request, so the dynamic pipeline writes a layer's weights once per optimizer update and only
 the S activation columns per evaluation (maderix/ANE's dynamic-weight trick,
 training/training_dynamic/).
+
+With carried probabilities (`Dims.carry_probs`), `run(kind, layer, acts, slot=)` leaves them on
+the device: sdpa_fwd of a layer writes them into that layer's surface for `slot`, and sdpa_bwd
+reads them from it (`Kernel.request(inputs=, outputs=)`), so they never cross to the host and
+back. The slot is the caller's (one per sequence and micro-batch whose backward is pending).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from ...runtime.threads import pass_workers
 # the step and lowers the scale), so it is not warned per kernel (fp16 overflow
 # warnings, docs/chip-profiles.md).
 DX_KINDS = frozenset(BACKWARD) | {"sdpa_bwd", FFN_DX}
+PROBS = "probs"  # sdpa_fwd's output and sdpa_bwd's input with carried probabilities
 
 
 class KernelBank:
@@ -49,6 +55,8 @@ class KernelBank:
         self.flops: dict[str, int] = {}
         self._kernels: list[Kernel] = []
         self._req: dict[tuple[str, int | None], Request] = {}
+        self._resident: dict[tuple, object] = {}  # (kind, layer, slot) -> request; ("probs", layer, slot) -> surface
+        self._spare: dict[int, dict] = {}  # by kernel: the surfaces every slot's requests of it share
         for kind in WEIGHTLESS:
             self._req[(kind, None)] = self._open(kind, build_graph(kind, dims)).request()
         # layers with a sliding window (Gemma's local layers) share attention kernels of their
@@ -70,19 +78,51 @@ class KernelBank:
         self._kernels.append(kern)
         return kern
 
-    def run(self, kind: str, layer: int, acts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, kind: str, layer: int, acts: dict[str, np.ndarray], slot=None) -> dict[str, np.ndarray]:
         """One evaluation on one sequence: activations `[C, S]` by name -> outputs `[C, S]` float32.
         Forward activations past fp16's range enter as ±65504, not inf (the CPU computed them in
         float32; one overflow would otherwise spread through the step): a clamp in the conversion's
-        pass. Gradients enter as they are: an overflow is the loss scaler's cue to skip the step."""
-        req = self._req.get((kind, layer)) or self._req[(kind, None)]
+        pass. Gradients enter as they are: an overflow is the loss scaler's cue to skip the step.
+        `slot` (sdpa_fwd, sdpa_bwd with carried probabilities): the probabilities stay on the
+        device in the layer's surface for that slot, neither returned nor taken (module doc)."""
+        req = self._request(kind, layer) if slot is None else self._kept(kind, layer, slot)
         grads = GRADIENT_INPUTS.get(kind, ())
         for name, pk in self.layouts[kind].items():
+            if slot is not None and name == PROBS:  # bound to the forward's output
+                continue
             cols = pk.columns(self.dims.s)
             for a in pk.acts:
                 req.write(name, acts[a], columns=cols[a], saturate=a not in grads)
-        out = req.run()
+        out = req.run(stay=(PROBS,) if slot is not None else ())
         return {k: v.reshape(v.shape[1], v.shape[3]) for k, v in out.items()}
+
+    def _request(self, kind: str, layer: int) -> Request:
+        return self._req.get((kind, layer)) or self._req[(kind, None)]
+
+    def _kept(self, kind: str, layer: int, slot) -> Request:
+        """The request of an attention kernel whose probabilities stay in (layer, slot)'s surface.
+        Every surface is as large as the largest of sdpa_fwd's outputs and sdpa_bwd's inputs (one
+        allocation size per side); the others are shared by every slot's requests of the kernel
+        (each evaluation writes all of its inputs and reads what it returns before the next)."""
+        key = (kind, layer, slot)
+        if key in self._resident:
+            return self._resident[key]
+        if not self.dims.carry_probs or kind not in WEIGHTLESS:
+            raise ValueError(f"{kind}: only the attention kernels of a bank with carried probabilities take a slot")
+        fwd, bwd = (self._request(k, layer).kernel for k in WEIGHTLESS)
+        size = max(fwd.surface_bytes("outputs"), bwd.surface_bytes("inputs"))
+        probs = self._resident.get((PROBS, layer, slot))
+        if probs is None:
+            probs = self._resident[PROBS, layer, slot] = fwd.new_surface(size)
+        if kind == "sdpa_fwd":  # its inputs are the plain request's; its attention output one per kernel
+            spare = self._spare.setdefault(id(fwd), {"attn": fwd.new_surface(size)})
+            inputs = dict(zip(fwd.input_names, self._request(kind, layer).surfaces))
+            req = fwd.request(inputs=inputs, outputs={**spare, PROBS: probs})
+        else:
+            spare = self._spare.setdefault(id(bwd), {n: bwd.new_surface(size) for n in bwd.input_names if n != PROBS})
+            req = bwd.request(inputs={**spare, PROBS: probs})
+        self._resident[key] = req
+        return req
 
     def _stage(self, req: Request, kind: str, mats: dict[str, np.ndarray], exact: bool = False) -> None:
         """Write the weight blocks M of a dynamic request into their columns."""
@@ -109,6 +149,8 @@ class KernelBank:
             k.close()
         self._kernels.clear()
         self._req.clear()
+        self._resident.clear()
+        self._spare.clear()
 
 
 class _Rounded(dict):

@@ -47,6 +47,7 @@ from ...models.names import has_head_norms, layer_prefix, model_weight, weight_n
 from ...runtime.threads import Job, WorkQueue, all_blas_threads, share_blas_between
 from . import cpu_ops as ops
 from .arrays import check_weights as _check_weights
+from .attention import StepAttention
 from .arrays import padded as _padded
 from .gemm import dw_into, fold_into
 from .head import StepHead
@@ -58,7 +59,7 @@ F32 = np.float32
 PIPELINES = ("dynamic", "static")
 
 
-class DeviceTrainStep(StepPositions, StepHead):
+class DeviceTrainStep(StepPositions, StepAttention, StepHead):
     """Loss and every parameter gradient of a Llama/Qwen3 model, device + CPU (see module doc)."""
 
     accumulates_in_place = True  # `loss_and_grads(into=)`: the trainer hands it its accumulator
@@ -263,13 +264,15 @@ class DeviceTrainStep(StepPositions, StepHead):
         per_layer = rope + (ops.rmsnorm_flops(c, n) if self.qk_norm else 0)
         return self.n_layers * per_layer
 
-    def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
+    def _dev(self, kind: str, layer: int, slot: int | None = None, **acts: np.ndarray) -> dict[str, np.ndarray]:
         """Kernel `kind` of `layer` on each sequence; acts and results `[C, B·S]` float32. A
-        packed step's attention kernels get each sequence's mask beside them."""
+        packed step's attention kernels get each sequence's mask beside them; `slot`: their
+        probabilities stay on the device, in (slot, sequence)'s surface (`StepAttention`)."""
         t0, s, width = time.perf_counter(), self.dims.s, self.kernel_dims.s
         masks = self._attn_masks[self.windows[layer]] if self._attn_masks is not None and kind in WEIGHTLESS else None
         if width == s and self._batch == 1:  # the kernel's results are the batch's: no gathering copy
-            out = self.bank.run(kind, layer, acts if masks is None else {**acts, "mask": masks[0]})
+            out = self.bank.run(kind, layer, acts if masks is None else {**acts, "mask": masks[0]},
+                                None if slot is None else (slot, 0))
         else:  # one sequence at a time; padded kernels get zero columns after it
             out = {}
             for b in range(self._batch):
@@ -277,26 +280,13 @@ class DeviceTrainStep(StepPositions, StepHead):
                 seq = {n: a[:, cols] if width == s else _padded(a[:, cols], width) for n, a in acts.items()}
                 if masks is not None:
                     seq["mask"] = masks[b]
-                for n, r in self.bank.run(kind, layer, seq).items():
+                for n, r in self.bank.run(kind, layer, seq, None if slot is None else (slot, b)).items():
                     if n not in out:
                         out[n] = np.empty((r.shape[0], self._batch * s), F32)
                     out[n][:, cols] = r[:, :s]
         self._flops += self.bank.flops[kind] * self._batch
         self._t["device"] += time.perf_counter() - t0
         return out
-
-    def _attend(self, i: int, c: dict) -> np.ndarray:
-        """Layer i's attention output from its cache's q, k (`c["att"]`) and v; the probabilities
-        stay in the cache for the backward where the kernels carry them."""
-        out = self._dev("sdpa_fwd", i, **c["att"], v=c["v"])
-        if "probs" in out:
-            c["probs"] = out["probs"]
-        return out["attn"]
-
-    def _attend_bwd(self, i: int, c: dict, dattn: np.ndarray) -> dict[str, np.ndarray]:
-        """sdpa_bwd of layer i: dq, dk, dv (before the CPU's inverse RoPE, if it rotates)."""
-        carried = {"probs": c["probs"]} if "probs" in c else {}
-        return self._dev("sdpa_bwd", i, **c["att"], v=c["v"], dattn=dattn, **carried)
 
     def _keep(self, name: str) -> bool:
         """Whether gradient `name` is returned: every weight's here (LoRA keeps its adapters')."""
@@ -332,6 +322,7 @@ class DeviceTrainStep(StepPositions, StepHead):
         return self._embed_rows(ids)   # [D, B·S]
 
     def _forward(self, ids: np.ndarray, keep: bool) -> tuple[np.ndarray, list[dict]]:
+        self._take_slot(keep)
         x = self._embed(ids)
         caches = []
         for i in range(self.n_layers):
