@@ -220,3 +220,26 @@ def test_kernel_maps_renamed_io_and_rebuilds_returned_concat():
     np.testing.assert_allclose(got["out"], np.concatenate([2 * zf, zf - af], axis=1), atol=4e-3)
     np.testing.assert_allclose(got["alpha"], zf + af, atol=4e-3)
     assert set(got) == {"out", "alpha"}
+
+
+@pytest.mark.parametrize("device", [Emulator, ByteSurfaces])
+def test_an_output_bound_as_another_requests_input_stays_on_the_device(device):
+    """One kernel's output surface bound as the next one's input (`request(inputs=, outputs=)`),
+    left unread (`run(stay=)`): the second's results are those of the value read back and written
+    again; a request releases only its own surfaces."""
+    a, b = (rng.standard_normal((1, 8, 1, 16)).astype(np.float16) for _ in range(2))
+    dev = device(PROFILE)
+    with Kernel(SUB, dev, cache=ProgramCache()) as k1, Kernel(SUB, dev, cache=ProgramCache()) as k2:
+        via_host = k2.run({"a": k1.run({"a": a, "b": b})["ab"], "b": b})
+        ab, zd = (k1.new_surface(k1.surface_bytes("outputs")) for _ in range(2))
+        first, second = k1.request(outputs={"zd": zd, "ab": ab}), k2.request(inputs={"a": ab})
+        assert set(first.run(stay=("ab",), a=a, b=b)) == {"zd"}
+        got = second.run(b=b)
+        for name, want in via_host.items():
+            assert np.array_equal(got[name], want), name
+        second.close()
+        assert ab.nbytes == k1.surface_bytes("outputs") == 49152  # bound: not released with `second`
+        with pytest.raises(ShapeError, match="expected a surface for each"):
+            k1.request(outputs={"zd": zd})
+        with pytest.raises(ShapeError, match="no input"):
+            k1.request(inputs={"c": ab})
