@@ -54,7 +54,7 @@ class GemmaTrainStep(DeviceTrainStep):
     def _embed_scale(self) -> np.float32:
         return F32(math.sqrt(self.cfg.hidden_size))
 
-    def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
+    def _dev(self, kind: str, layer: int, slot: int | None = None, **acts: np.ndarray) -> dict[str, np.ndarray]:
         """A backward kernel on its gradients divided by a power of two that brings their peak
         into (1/2, 1], its results multiplied back: exact, as each result is linear in them.
 
@@ -66,9 +66,9 @@ class GemmaTrainStep(DeviceTrainStep):
         names = GRADIENT_INPUTS.get(kind, ())  # every result is linear in them (sdpa_bwd's in dattn)
         peak = max((float(np.abs(acts[n]).max()) for n in names), default=0.0)
         if not (0.0 < peak < np.inf):  # nothing to scale, or an inf the loss scaler must see
-            return super()._dev(kind, layer, **acts)
+            return super()._dev(kind, layer, slot, **acts)
         f = F32(2.0 ** -math.ceil(math.log2(peak)))
-        out = super()._dev(kind, layer, **{n: a * f if n in names else a for n, a in acts.items()})
+        out = super()._dev(kind, layer, slot, **{n: a * f if n in names else a for n, a in acts.items()})
         return {n: v / f for n, v in out.items()}
 
     # ------------------------------------------------------------------ forward

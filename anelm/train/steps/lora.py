@@ -151,7 +151,7 @@ class LoraHooks:
         finally:
             self._masks = None
 
-    def _dev(self, kind: str, layer: int, **acts: np.ndarray) -> dict[str, np.ndarray]:
+    def _dev(self, kind: str, layer: int, slot: int | None = None, **acts: np.ndarray) -> dict[str, np.ndarray]:
         """The kernel with its dropout blocks: x·d beside x (x itself in eval), or d (module doc)."""
         for key, path, source in self._drops.get((kind, layer), ()):
             d = None if self._masks is None else self._masks[path]
@@ -159,7 +159,7 @@ class LoraHooks:
                 acts[key] = d
             else:
                 acts[key] = acts[source] if d is None else acts[source] * d
-        return super()._dev(kind, layer, **acts)
+        return super()._dev(kind, layer, slot, **acts)
 
     @property
     def compiles_per_update(self) -> int:
