@@ -64,6 +64,7 @@ GGUF_BLOCK = 32  # Q4_0 and Q4_1 blocks
 
 STEPS = (0.0, 1.0, 2.0)  # δ: candidate scales (max − min)/(15 + δ)
 ITERATIONS = 3  # rounding / least-squares rounds per candidate
+FIT_ELEMENTS = 1 << 18  # weights `fit_blocks` takes at a time (1 MB each of its buffers)
 MOMENT_TOKENS = 128  # fewer calibration tokens: min..max (module doc)
 TARGET = 0.40  # W4's folder aim, of the fp16 weights (docs/quantization.md)
 TABLE_BLOCK = 32  # the tables' 4-bit blocks where they are 4-bit (`w4_tables`)
@@ -103,25 +104,43 @@ def w4_tables(config, weights: dict[str, np.ndarray], moments: dict | None = Non
 
 def fit_blocks(w: np.ndarray, block: int, importance: np.ndarray | None = None) -> BlockQuant:
     """w [out, in] -> blocks of `block` inputs whose 16 levels are fitted (module doc), each
-    weight counted by its input's `importance` [in]; scale and offset fp16, as `quantize_blocks`."""
+    weight counted by its input's `importance` [in] (or one a weight, [out, in]); scale and
+    offset fp16, as `quantize_blocks`. Blocks are independent: rows go through in pieces of about
+    FIT_ELEMENTS weights, which stay in the caches through the fit's rounds."""
     w = np.asarray(w, np.float32)
     rows, cols = w.shape
-    wb = w.reshape(rows, cols // block, block)
     a = np.ones(cols, np.float32) if importance is None else np.asarray(importance, np.float32) + 1e-12
-    a = np.broadcast_to(a / a.mean(), w.shape).reshape(wb.shape)  # [in] or one a weight [out, in]
+    a = np.broadcast_to(a / a.mean(), w.shape)
+    step = max(1, FIT_ELEMENTS // cols)
+    shape = (-1, cols // block, block)
+    parts = [_fit_rows(w[i:i + step].reshape(shape), a[i:i + step].reshape(shape)) for i in range(0, rows, step)]
+    q, scale, offset = (np.concatenate(p) for p in zip(*parts))
+    return BlockQuant(q.reshape(rows, cols), scale, offset)
+
+
+def _fit_rows(wb: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(levels uint8, scale fp16, offset fp16) of the blocks wb [rows, blocks, block] with weights a."""
     lo, hi = wb.min(axis=2, keepdims=True), wb.max(axis=2, keepdims=True)
     span = np.maximum(hi - lo, np.float32(1e-30))
     sa, saw, saww = (np.sum(a * v, axis=2, keepdims=True) for v in (1, wb, wb * wb))
-    level = lambda s, m: np.clip(np.rint((wb - m) / s), 0, 15)  # noqa: E731
+    q, aq, tmp = (np.empty_like(wb) for _ in range(3))  # reused by every round
+
+    def level(s, m):  # each weight's level on the grid m + s·[0, 15], into q
+        np.divide(np.subtract(wb, m, out=q), s, out=q)
+        return np.clip(np.rint(q, out=q), 0, 15, out=q)
+
     best_s, best_m = span / 15, lo
-    q = level(best_s, best_m)
-    best = (a * np.square(best_s * q + best_m - wb)).sum(axis=2, keepdims=True)  # min..max: a 4-bit grid stays
+    level(best_s, best_m)
+    np.subtract(np.add(np.multiply(best_s, q, out=tmp), best_m, out=tmp), wb, out=tmp)
+    best = np.multiply(a, np.square(tmp, out=tmp), out=tmp).sum(axis=2, keepdims=True)  # min..max: a 4-bit grid stays
     for d in STEPS:
         s, m = span / (15 + d), lo
         for _ in range(ITERATIONS):
-            q = level(s, m)
-            aq = a * q
-            saq, saqq, saqw = aq.sum(2, keepdims=True), (aq * q).sum(2, keepdims=True), (aq * wb).sum(2, keepdims=True)
+            level(s, m)
+            np.multiply(a, q, out=aq)
+            saq = aq.sum(2, keepdims=True)
+            saqq = np.multiply(aq, q, out=tmp).sum(2, keepdims=True)
+            saqw = np.multiply(aq, wb, out=tmp).sum(2, keepdims=True)
             det = sa * saqq - saq * saq
             ok = det > 1e-6 * sa * saqq  # at least two levels used
             s_new = (sa * saqw - saq * saw) / np.where(ok, det, 1)
@@ -136,8 +155,7 @@ def fit_blocks(w: np.ndarray, block: int, importance: np.ndarray | None = None) 
     scale[flat] = 1.0
     offset = np.where(flat, -lo[:, :, 0], -best_m[:, :, 0] / scale.astype(np.float32)).astype(np.float16)
     sc, of = scale.astype(np.float64)[:, :, None], offset.astype(np.float64)[:, :, None]
-    q = np.clip(np.round(wb / sc + of), 0, 15).astype(np.uint8)
-    return BlockQuant(q.reshape(rows, cols), scale, offset)
+    return np.clip(np.round(wb / sc + of), 0, 15).astype(np.uint8), scale, offset
 
 
 def gguf_blocks(path: Path, config, weights: dict[str, np.ndarray]) -> dict[str, tuple[str, BlockQuant]]:
