@@ -21,6 +21,7 @@ class StepAttention:
     """`_attend` and `_attend_bwd` of one layer; `_forward` takes a slot per kept forward."""
 
     _parity = 0
+    _slot: int | None = None  # the slot of the forward running now (`_take_slot`)
 
     def _take_slot(self, keep: bool) -> None:
         """Before a forward: the slot its probabilities stay in, or None (kept on the host where
@@ -33,7 +34,7 @@ class StepAttention:
     def _attend(self, i: int, c: dict) -> np.ndarray:
         """Layer i's attention output from its cache's q, k (`c["att"]`) and v; the probabilities
         stay on the device or in the cache for the backward where the kernels carry them."""
-        c["slot"] = getattr(self, "_slot", None)
+        c["slot"] = self._slot
         out = self._dev("sdpa_fwd", i, slot=c["slot"], **c["att"], v=c["v"])
         if "probs" in out:
             c["probs"] = out["probs"]

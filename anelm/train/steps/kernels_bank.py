@@ -55,7 +55,8 @@ class KernelBank:
         self.flops: dict[str, int] = {}
         self._kernels: list[Kernel] = []
         self._req: dict[tuple[str, int | None], Request] = {}
-        self._resident: dict[tuple, object] = {}  # (kind, layer, slot) -> request; ("probs", layer, slot) -> surface
+        self._resident: dict[tuple, Request] = {}  # (kind, layer, slot) -> its request (`_kept`)
+        self._probs: dict[tuple, object] = {}  # (layer, slot) -> the surface the probabilities stay in
         self._spare: dict[int, dict] = {}  # by kernel: the surfaces every slot's requests of it share
         for kind in WEIGHTLESS:
             self._req[(kind, None)] = self._open(kind, build_graph(kind, dims)).request()
@@ -111,9 +112,9 @@ class KernelBank:
             raise ValueError(f"{kind}: only the attention kernels of a bank with carried probabilities take a slot")
         fwd, bwd = (self._request(k, layer).kernel for k in WEIGHTLESS)
         size = max(fwd.surface_bytes("outputs"), bwd.surface_bytes("inputs"))
-        probs = self._resident.get((PROBS, layer, slot))
+        probs = self._probs.get((layer, slot))
         if probs is None:
-            probs = self._resident[PROBS, layer, slot] = fwd.new_surface(size)
+            probs = self._probs[layer, slot] = fwd.new_surface(size)
         if kind == "sdpa_fwd":  # its inputs are the plain request's; its attention output one per kernel
             spare = self._spare.setdefault(id(fwd), {"attn": fwd.new_surface(size)})
             inputs = dict(zip(fwd.input_names, self._request(kind, layer).surfaces))
@@ -150,6 +151,7 @@ class KernelBank:
         self._kernels.clear()
         self._req.clear()
         self._resident.clear()
+        self._probs.clear()
         self._spare.clear()
 
 
